@@ -1,0 +1,83 @@
+//! The one error type of the crate: every fallible public call returns [`Result`].
+
+use std::path::PathBuf;
+
+/// Errors aether reports instead of panicking or producing garbage.
+#[derive(Debug, thiserror::Error)]
+pub enum AetherError {
+    /// An environment variable holds a value aether does not understand.
+    #[error("environment variable {var}={value:?} is not valid: expected {expected}")]
+    InvalidEnv {
+        var: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    /// A GPU was demanded (explicitly or by `AETHER_DEVICE=gpu`) but none fits.
+    #[error("no GPU adapter available{}", filter.as_ref().map(|f| format!(" matching AETHER_ADAPTER={f:?}")).unwrap_or_default())]
+    NoAdapter { filter: Option<String> },
+    /// The adapter refused to create a device.
+    #[error("could not create a device on adapter {adapter:?}: {source}")]
+    RequestDevice {
+        adapter: String,
+        #[source]
+        source: wgpu::RequestDeviceError,
+    },
+    /// A tensor's data length does not match its shape.
+    #[error("tensor of shape {shape:?} needs {expected} elements, got {actual}")]
+    DataLength {
+        shape: Vec<usize>,
+        expected: usize,
+        actual: usize,
+    },
+    /// Two shapes that must agree do not.
+    #[error("{op}: shape {actual:?} does not match expected {expected:?}")]
+    ShapeMismatch {
+        op: &'static str,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
+    /// A shape is unusable (zero-sized dimension, wrong rank, too large).
+    #[error("{op}: invalid shape {shape:?}: {reason}")]
+    InvalidShape {
+        op: &'static str,
+        shape: Vec<usize>,
+        reason: String,
+    },
+    /// Operands live on different devices.
+    #[error("{op}: operands are on different devices ({a} and {b})")]
+    DeviceMismatch {
+        op: &'static str,
+        a: String,
+        b: String,
+    },
+    /// A buffer is larger than the adapter can bind.
+    #[error("{what} needs {bytes} bytes, more than the adapter's limit of {limit} bytes")]
+    TooLarge {
+        what: String,
+        bytes: u64,
+        limit: u64,
+    },
+    /// A kernel has no variant that compiled on this adapter.
+    #[error("kernel {kernel}: no variant compiled on adapter {adapter:?}")]
+    NoKernelVariant {
+        kernel: &'static str,
+        adapter: String,
+    },
+    /// The GPU failed while running or reading back work.
+    #[error("GPU error during {during}: {message}")]
+    Gpu {
+        during: &'static str,
+        message: String,
+    },
+    /// File system trouble, with the path involved.
+    #[error("{action} {path}: {source}", path = path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Shorthand used across the crate.
+pub type Result<T, E = AetherError> = std::result::Result<T, E>;

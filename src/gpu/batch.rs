@@ -1,0 +1,264 @@
+//! Batched submission: kernels are recorded into one pending command encoder and
+//! submitted together when the host needs a result (a read back, an upload into a
+//! recycled buffer, or an explicit [`GpuContext::flush`]). A training step
+//! therefore becomes one submission without the caller managing encoders.
+//!
+//! Binding convention for every kernel: storage buffers at `@group(0)
+//! @binding(0..n)` in the order given, then the optional uniform parameter block
+//! at `@binding(n)`.
+
+use super::context::GpuContext;
+use super::pool::PooledBuffer;
+use crate::error::{AetherError, Result};
+
+/// GPU time of one timed dispatch.
+#[derive(Clone, Debug)]
+pub struct KernelTime {
+    pub label: &'static str,
+    pub nanos: f64,
+}
+
+/// Timestamp queries for the dispatches of one timed region.
+struct Timer {
+    queries: wgpu::QuerySet,
+    capacity: u32,
+    labels: Vec<&'static str>,
+}
+
+/// Work recorded but not yet submitted.
+#[derive(Default)]
+pub(crate) struct Batch {
+    encoder: Option<wgpu::CommandEncoder>,
+    /// Uniform parameter buffers the recorded dispatches read; released after submission.
+    params: Vec<PooledBuffer>,
+    dispatches: usize,
+    timer: Option<Timer>,
+    submissions: usize,
+}
+
+impl GpuContext {
+    /// Records one dispatch of `pipeline` over `workgroups` into the pending batch.
+    pub fn dispatch(
+        &self,
+        label: &'static str,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[&wgpu::Buffer],
+        params: &[u8],
+        workgroups: [u32; 3],
+    ) -> Result<()> {
+        let limit = self.caps().limits.max_compute_workgroups_per_dimension;
+        if let Some(&too_many) = workgroups.iter().find(|&&w| w > limit) {
+            return Err(AetherError::TooLarge {
+                what: format!("{label} dispatch of {workgroups:?} workgroups"),
+                bytes: u64::from(too_many),
+                limit: u64::from(limit),
+            });
+        }
+        if workgroups.contains(&0) {
+            return Ok(());
+        }
+        let param_buffer = (!params.is_empty()).then(|| {
+            let pooled = self.pool().get_or_create(
+                &self.device,
+                params.len() as u64,
+                wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            );
+            // Safe to write now: this buffer is not in use by any pending dispatch.
+            self.queue.write_buffer(pooled.buffer(), 0, params);
+            pooled
+        });
+        let mut entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        if let Some(p) = &param_buffer {
+            entries.push(wgpu::BindGroupEntry {
+                binding: buffers.len() as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: p.buffer(),
+                    offset: 0,
+                    size: wgpu::BufferSize::new(params.len() as u64),
+                }),
+            });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut batch = self.batch();
+        let Batch {
+            encoder,
+            params,
+            dispatches,
+            timer,
+            ..
+        } = &mut *batch;
+        let timestamp_writes = match timer {
+            Some(t) if (t.labels.len() as u32) < t.capacity => {
+                let index = t.labels.len() as u32;
+                t.labels.push(label);
+                Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &t.queries,
+                    beginning_of_pass_write_index: Some(2 * index),
+                    end_of_pass_write_index: Some(2 * index + 1),
+                })
+            }
+            _ => None,
+        };
+        let encoder = encoder.get_or_insert_with(|| self.new_encoder());
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(label),
+                timestamp_writes,
+            });
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        }
+        params.extend(param_buffer);
+        *dispatches += 1;
+        Ok(())
+    }
+
+    /// Records a buffer-to-buffer copy into the pending batch.
+    pub fn copy_buffer(&self, src: &wgpu::Buffer, dst: &wgpu::Buffer, bytes: u64) {
+        let mut batch = self.batch();
+        batch
+            .encoder
+            .get_or_insert_with(|| self.new_encoder())
+            .copy_buffer_to_buffer(src, 0, dst, 0, bytes);
+    }
+
+    /// Submits the pending batch, if any, as one command buffer.
+    pub fn flush(&self) {
+        let mut batch = self.batch();
+        if let Some(encoder) = batch.encoder.take() {
+            self.queue.submit([encoder.finish()]);
+            batch.submissions += 1;
+            batch.params.clear();
+        }
+    }
+
+    /// Total queue submissions made through the batch, for tests and benchmarks.
+    pub fn submission_count(&self) -> usize {
+        self.batch().submissions
+    }
+
+    /// Dispatches recorded since the context was created.
+    pub fn dispatch_count(&self) -> usize {
+        self.batch().dispatches
+    }
+
+    /// Runs `work`, timing each dispatch it records (up to `capacity`) with
+    /// timestamp queries. An error when the adapter has no timestamps.
+    pub fn timed<T>(
+        &self,
+        capacity: u32,
+        work: impl FnOnce() -> Result<T>,
+    ) -> Result<(T, Vec<KernelTime>)> {
+        if !self.caps().timestamps {
+            return Err(AetherError::Gpu {
+                during: "timing",
+                message: format!(
+                    "adapter {:?} has no timestamp queries",
+                    self.caps().adapter_name
+                ),
+            });
+        }
+        self.flush();
+        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("aether timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: capacity * 2,
+        });
+        self.batch().timer = Some(Timer {
+            queries,
+            capacity,
+            labels: Vec::new(),
+        });
+        let result = work();
+        let timer = self.batch().timer.take().expect("timer set above");
+        let value = result?;
+        let count = timer.labels.len() as u32 * 2;
+        if count == 0 {
+            self.flush();
+            return Ok((value, Vec::new()));
+        }
+        let bytes = u64::from(count) * 8;
+        let resolve = self.pool().get_or_create(
+            &self.device,
+            bytes,
+            wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        );
+        self.batch()
+            .encoder
+            .get_or_insert_with(|| self.new_encoder())
+            .resolve_query_set(&timer.queries, 0..count, resolve.buffer(), 0);
+        let raw = self.read_bytes(resolve.buffer(), bytes)?;
+        let ticks: &[u64] = bytemuck::cast_slice(&raw);
+        let period = f64::from(self.queue.get_timestamp_period());
+        let times = timer
+            .labels
+            .iter()
+            .enumerate()
+            .map(|(i, &label)| KernelTime {
+                label,
+                nanos: ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period,
+            })
+            .collect();
+        Ok((value, times))
+    }
+
+    /// Writes `data` into `buffer` after all pending work, so a recycled buffer
+    /// is never overwritten before earlier recorded kernels have read it.
+    pub fn upload(&self, buffer: &wgpu::Buffer, data: &[u8]) {
+        self.flush();
+        self.queue.write_buffer(buffer, 0, data);
+    }
+
+    /// Submits pending work and copies the first `bytes` of `buffer` to the host.
+    pub fn read_bytes(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let gpu_err = |message: String| AetherError::Gpu {
+            during: "read back",
+            message,
+        };
+        let padded = bytes.div_ceil(wgpu::COPY_BUFFER_ALIGNMENT) * wgpu::COPY_BUFFER_ALIGNMENT;
+        let staging = self.pool().get_or_create(
+            &self.device,
+            padded,
+            wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        );
+        self.copy_buffer(buffer, staging.buffer(), padded);
+        self.flush();
+        let slice = staging.buffer().slice(..padded);
+        let (sender, receiver) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = sender.send(r);
+        });
+        self.wait_idle()?;
+        receiver
+            .recv()
+            .map_err(|e| gpu_err(e.to_string()))?
+            .map_err(|e| gpu_err(e.to_string()))?;
+        let data = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| gpu_err(e.to_string()))?;
+            view[..bytes as usize].to_vec()
+        };
+        staging.buffer().unmap();
+        Ok(data)
+    }
+
+    fn new_encoder(&self) -> wgpu::CommandEncoder {
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("aether batch"),
+            })
+    }
+}

@@ -1,0 +1,152 @@
+//! What an adapter can do, read once when the context is created.
+
+/// One cooperative-matrix configuration reported by the adapter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopMatrixConfig {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    /// Element type of the A and B operands.
+    pub ab: wgpu::CooperativeScalarType,
+    /// Element type of the accumulator and result.
+    pub cr: wgpu::CooperativeScalarType,
+}
+
+impl std::fmt::Display for CoopMatrixConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}x{}x{} {:?}->{:?}",
+            self.m, self.n, self.k, self.ab, self.cr
+        )
+    }
+}
+
+/// The capabilities aether's kernels choose between.
+#[derive(Clone, Debug)]
+pub struct GpuCapabilities {
+    pub adapter_name: String,
+    pub backend: wgpu::Backend,
+    pub device_type: wgpu::DeviceType,
+    pub driver: String,
+    pub shader_f16: bool,
+    /// `(min, max)` subgroup size when subgroup operations are available.
+    pub subgroup_size: Option<(u32, u32)>,
+    pub timestamps: bool,
+    pub pipeline_cache: bool,
+    /// Bytes of immediate data (push constants) a pipeline may use; 0 without the feature.
+    pub immediate_bytes: u32,
+    /// Cooperative-matrix configurations the kernels may use: empty when the adapter
+    /// has none or `AETHER_DISABLE_COOP=1` switched them off.
+    pub coop_matrix: Vec<CoopMatrixConfig>,
+    /// True when the adapter offered cooperative matrices but they were disabled.
+    pub coop_disabled: bool,
+    pub limits: wgpu::Limits,
+}
+
+impl GpuCapabilities {
+    /// The features aether asks the device for: everything useful the adapter has.
+    pub(crate) fn wanted_features(adapter: &wgpu::Adapter, allow_coop: bool) -> wgpu::Features {
+        let mut wanted = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::PIPELINE_CACHE
+            | wgpu::Features::IMMEDIATES;
+        if allow_coop {
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
+        adapter.features() & wanted
+    }
+
+    pub(crate) fn read(
+        adapter: &wgpu::Adapter,
+        features: wgpu::Features,
+        coop_disabled: bool,
+    ) -> Self {
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let coop_matrix = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            adapter
+                .cooperative_matrix_properties()
+                .into_iter()
+                .map(|p| CoopMatrixConfig {
+                    m: p.m_size,
+                    n: p.n_size,
+                    k: p.k_size,
+                    ab: p.ab_type,
+                    cr: p.cr_type,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            adapter_name: info.name.clone(),
+            backend: info.backend,
+            device_type: info.device_type,
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_owned(),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroup_size: features
+                .contains(wgpu::Features::SUBGROUP)
+                .then_some((info.subgroup_min_size, info.subgroup_max_size)),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            pipeline_cache: features.contains(wgpu::Features::PIPELINE_CACHE),
+            immediate_bytes: if features.contains(wgpu::Features::IMMEDIATES) {
+                limits.max_immediate_size
+            } else {
+                0
+            },
+            coop_matrix,
+            coop_disabled,
+            limits,
+        }
+    }
+
+    /// The largest square f16 x f16 -> f32 cooperative tile (16 or 8) the adapter
+    /// offers; naga only has square `coop_mat8x8` and `coop_mat16x16` types.
+    pub fn coop_f16_f32_tile(&self) -> Option<u32> {
+        use wgpu::CooperativeScalarType::{F16, F32};
+        [16, 8].into_iter().find(|&t| {
+            self.coop_matrix
+                .iter()
+                .any(|c| c.m == t && c.n == t && c.k == t && c.ab == F16 && c.cr == F32)
+        })
+    }
+
+    /// A one-paragraph human summary, printed by examples and tests.
+    pub fn describe(&self) -> String {
+        let coop = if self.coop_matrix.is_empty() {
+            if self.coop_disabled {
+                "disabled by AETHER_DISABLE_COOP".to_owned()
+            } else {
+                "none".to_owned()
+            }
+        } else {
+            self.coop_matrix
+                .iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "adapter {:?} ({:?}, {:?}, driver {:?}); shader-f16 {}, subgroups {}, timestamps {}, \
+             pipeline-cache {}, immediates {} B, max storage binding {} B; cooperative matrix: {}",
+            self.adapter_name,
+            self.backend,
+            self.device_type,
+            self.driver,
+            self.shader_f16,
+            self.subgroup_size
+                .map(|(lo, hi)| format!("{lo}..={hi}"))
+                .unwrap_or_else(|| "no".into()),
+            self.timestamps,
+            self.pipeline_cache,
+            self.immediate_bytes,
+            self.limits.max_storage_buffer_binding_size,
+            coop
+        )
+    }
+}

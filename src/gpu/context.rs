@@ -1,0 +1,135 @@
+//! The GPU context: one adapter, its device and queue, its capabilities, the
+//! pipeline cache and the buffer pool.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::batch::Batch;
+
+use super::caps::GpuCapabilities;
+use super::options::GpuOptions;
+use super::pipelines::PipelineCache;
+use super::pool::BufferPool;
+use crate::error::{AetherError, Result};
+
+/// Everything aether needs to run kernels on one adapter. Shared as `Arc<GpuContext>`.
+pub struct GpuContext {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    caps: GpuCapabilities,
+    pipelines: PipelineCache,
+    pool: BufferPool,
+    batch: Mutex<Batch>,
+}
+
+impl std::fmt::Debug for GpuContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuContext")
+            .field("adapter", &self.caps.adapter_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Orders adapters: discrete over integrated over virtual over CPU emulation.
+fn device_type_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+impl GpuContext {
+    /// Opens the best adapter allowed by `options`, or `Ok(None)` when no adapter
+    /// matches. Adapters come from the primary backends (Vulkan, Metal, DX12).
+    pub fn new(options: &GpuOptions) -> Result<Option<Arc<Self>>> {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::PRIMARY;
+        let instance = wgpu::Instance::new(desc.with_env());
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+        if let Some(filter) = &options.adapter_filter {
+            let filter = filter.to_lowercase();
+            adapters.retain(|a| a.get_info().name.to_lowercase().contains(&filter));
+        }
+        adapters.sort_by_key(|a| device_type_rank(a.get_info().device_type));
+        let Some(adapter) = adapters.into_iter().next() else {
+            return Ok(None);
+        };
+        Self::with_adapter(adapter, options).map(Some)
+    }
+
+    fn with_adapter(adapter: wgpu::Adapter, options: &GpuOptions) -> Result<Arc<Self>> {
+        let info = adapter.get_info();
+        let features = GpuCapabilities::wanted_features(&adapter, !options.disable_coop);
+        let coop_disabled = options.disable_coop
+            && adapter
+                .features()
+                .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        let experimental = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            // SAFETY: aether only uses the cooperative-matrix feature through shaders that
+            // are validated by naga and tested against the CPU reference on every variant.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("aether"),
+            required_features: features,
+            // The defaults cap storage bindings at 128 MiB; big batches need the real limits.
+            required_limits: adapter.limits(),
+            experimental_features: experimental,
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|source| AetherError::RequestDevice {
+            adapter: info.name.clone(),
+            source,
+        })?;
+        let caps = GpuCapabilities::read(&adapter, features, coop_disabled);
+        let pipelines = PipelineCache::new(&device, &info, &caps, options.cache_dir.as_deref());
+        Ok(Arc::new(Self {
+            device,
+            queue,
+            caps,
+            pipelines,
+            pool: BufferPool::default(),
+            batch: Mutex::default(),
+        }))
+    }
+
+    pub fn caps(&self) -> &GpuCapabilities {
+        &self.caps
+    }
+
+    pub fn pipelines(&self) -> &PipelineCache {
+        &self.pipelines
+    }
+
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.queue
+    }
+
+    pub(crate) fn batch(&self) -> MutexGuard<'_, Batch> {
+        self.batch.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Blocks until all submitted work is done.
+    pub fn wait_idle(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| AetherError::Gpu {
+                during: "wait",
+                message: e.to_string(),
+            })
+    }
+}

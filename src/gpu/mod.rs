@@ -1,0 +1,18 @@
+//! The wgpu side of aether: context, capabilities, pipeline cache, buffer pool
+//! and batched submission.
+
+mod batch;
+mod caps;
+mod context;
+mod grid;
+mod options;
+mod pipelines;
+mod pool;
+
+pub use batch::KernelTime;
+pub use caps::{CoopMatrixConfig, GpuCapabilities};
+pub use context::GpuContext;
+pub use grid::flat_grid;
+pub use options::{DevicePreference, GpuOptions, device_preference_from_env};
+pub use pipelines::{PipelineCache, PipelineKey};
+pub use pool::{BufferPool, PoolStats, PooledBuffer};

@@ -1,0 +1,116 @@
+//! How a GPU context is chosen and configured, from code or from the environment.
+
+use std::path::PathBuf;
+
+use crate::error::{AetherError, Result};
+
+/// Which device `Device::best()` should produce (`AETHER_DEVICE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DevicePreference {
+    /// Best GPU adapter, else the CPU path with one `[aether]` warning.
+    Auto,
+    /// Always the CPU path.
+    Cpu,
+    /// A GPU adapter or an error.
+    Gpu,
+}
+
+impl DevicePreference {
+    pub fn parse(value: &str) -> Result<Self> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "gpu" => Ok(Self::Gpu),
+            _ => Err(AetherError::InvalidEnv {
+                var: "AETHER_DEVICE",
+                value: value.to_owned(),
+                expected: "one of cpu, gpu, auto",
+            }),
+        }
+    }
+}
+
+/// Settings for creating a [`GpuContext`](super::GpuContext).
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Case-insensitive substring the adapter name must contain (`AETHER_ADAPTER`).
+    pub adapter_filter: Option<String>,
+    /// Do not use cooperative matrices even when present (`AETHER_DISABLE_COOP=1`).
+    pub disable_coop: bool,
+    /// Where compiled pipelines are persisted (`AETHER_CACHE_DIR`); `None` keeps
+    /// them in memory only.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl GpuOptions {
+    /// Reads `AETHER_ADAPTER`, `AETHER_DISABLE_COOP` and `AETHER_CACHE_DIR`
+    /// (default: `<user cache dir>/aether`).
+    pub fn from_env() -> Result<Self> {
+        let adapter_filter = std::env::var("AETHER_ADAPTER")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        let disable_coop = match std::env::var("AETHER_DISABLE_COOP") {
+            Err(_) => false,
+            Ok(v) => parse_flag("AETHER_DISABLE_COOP", &v)?,
+        };
+        let cache_dir = match std::env::var_os("AETHER_CACHE_DIR") {
+            Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
+            _ => dirs::cache_dir().map(|d| d.join("aether")),
+        };
+        Ok(Self {
+            adapter_filter,
+            disable_coop,
+            cache_dir,
+        })
+    }
+}
+
+/// `AETHER_DEVICE` from the environment; unset means [`DevicePreference::Auto`].
+pub fn device_preference_from_env() -> Result<DevicePreference> {
+    match std::env::var("AETHER_DEVICE") {
+        Err(_) => Ok(DevicePreference::Auto),
+        Ok(v) => DevicePreference::parse(&v),
+    }
+}
+
+fn parse_flag(var: &'static str, value: &str) -> Result<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" => Ok(false),
+        "1" | "true" | "yes" => Ok(true),
+        _ => Err(AetherError::InvalidEnv {
+            var,
+            value: value.to_owned(),
+            expected: "1 or 0",
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_preference_parses_known_values_and_rejects_others() {
+        assert_eq!(
+            DevicePreference::parse("CPU").unwrap(),
+            DevicePreference::Cpu
+        );
+        assert_eq!(
+            DevicePreference::parse("gpu").unwrap(),
+            DevicePreference::Gpu
+        );
+        assert_eq!(DevicePreference::parse("").unwrap(), DevicePreference::Auto);
+        let err = DevicePreference::parse("cuda").unwrap_err().to_string();
+        assert!(
+            err.contains("AETHER_DEVICE") && err.contains("cuda"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn flags_reject_unknown_values() {
+        assert!(parse_flag("AETHER_DISABLE_COOP", "1").unwrap());
+        assert!(!parse_flag("AETHER_DISABLE_COOP", "0").unwrap());
+        assert!(parse_flag("AETHER_DISABLE_COOP", "maybe").is_err());
+    }
+}

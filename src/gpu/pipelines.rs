@@ -1,0 +1,240 @@
+//! The pipeline cache: each (kernel, variant, shape constants) is compiled once.
+//!
+//! Compilation errors are caught with error scopes around both the shader module
+//! and the pipeline, announced once with an `[aether]` warning, remembered (no retry
+//! storm) and reported as `None` so the caller takes its next variant. Where the
+//! backend supports it, wgpu's `PipelineCache` data is persisted to disk.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use super::caps::GpuCapabilities;
+use crate::diagnostics::warn_once;
+
+/// Identifies one compiled pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PipelineKey {
+    /// The kernel's name, e.g. `"conv_forward"`.
+    pub kernel: &'static str,
+    /// The variant, e.g. `"coop16"` or `"portable_f16"`.
+    pub variant: &'static str,
+    /// WGSL `override` constants baked into this pipeline.
+    pub constants: Vec<(&'static str, u32)>,
+}
+
+impl PipelineKey {
+    pub fn new(kernel: &'static str, variant: &'static str) -> Self {
+        Self {
+            kernel,
+            variant,
+            constants: Vec::new(),
+        }
+    }
+
+    pub fn with(mut self, name: &'static str, value: u32) -> Self {
+        self.constants.push((name, value));
+        self
+    }
+}
+
+/// Compiled pipelines, and the keys that failed to compile.
+pub struct PipelineCache {
+    device: wgpu::Device,
+    adapter_name: String,
+    entries: Mutex<HashMap<PipelineKey, Option<Arc<wgpu::ComputePipeline>>>>,
+    disk: Option<DiskCache>,
+}
+
+/// wgpu's driver-level pipeline cache and the file it is persisted to.
+struct DiskCache {
+    path: PathBuf,
+    cache: wgpu::PipelineCache,
+}
+
+impl PipelineCache {
+    pub(crate) fn new(
+        device: &wgpu::Device,
+        info: &wgpu::AdapterInfo,
+        caps: &GpuCapabilities,
+        cache_dir: Option<&Path>,
+    ) -> Self {
+        let disk = match (
+            caps.pipeline_cache,
+            cache_dir,
+            wgpu::util::pipeline_cache_key(info),
+        ) {
+            (true, Some(dir), Some(file)) => Some(DiskCache::open(device, dir.join(file))),
+            _ => None,
+        };
+        Self {
+            device: device.clone(),
+            adapter_name: info.name.clone(),
+            entries: Mutex::default(),
+            disk,
+        }
+    }
+
+    /// The pipeline for `key`, compiling `source()` on first use. `None` when it
+    /// failed to compile, now or on an earlier call.
+    pub fn get_or_create<'s>(
+        &self,
+        key: &PipelineKey,
+        entry_point: &str,
+        source: impl FnOnce() -> Cow<'s, str>,
+    ) -> Option<Arc<wgpu::ComputePipeline>> {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = entries.get(key) {
+            return known.clone();
+        }
+        let compiled = match self.compile(key, entry_point, &source()) {
+            Ok(pipeline) => Some(Arc::new(pipeline)),
+            Err(message) => {
+                warn_once(
+                    &format!("compile:{}:{}", key.kernel, key.variant),
+                    &format!(
+                        "kernel {} variant {} failed to compile on {:?}; using the next variant. {}",
+                        key.kernel,
+                        key.variant,
+                        self.adapter_name,
+                        message.lines().take(6).collect::<Vec<_>>().join(" | ")
+                    ),
+                );
+                None
+            }
+        };
+        entries.insert(key.clone(), compiled.clone());
+        drop(entries);
+        if compiled.is_some()
+            && let Some(disk) = &self.disk
+        {
+            disk.save();
+        }
+        compiled
+    }
+
+    /// Number of pipelines compiled successfully so far.
+    pub fn compiled_count(&self) -> usize {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.values().filter(|p| p.is_some()).count()
+    }
+
+    /// Path of the persisted driver cache, when the backend has one.
+    pub fn disk_path(&self) -> Option<&Path> {
+        self.disk.as_ref().map(|d| d.path.as_path())
+    }
+
+    fn compile(
+        &self,
+        key: &PipelineKey,
+        entry_point: &str,
+        source: &str,
+    ) -> Result<wgpu::ComputePipeline, String> {
+        let device = &self.device;
+        let label = format!("{}:{}", key.kernel, key.variant);
+        let constants: Vec<(&str, f64)> = key
+            .constants
+            .iter()
+            .map(|&(name, value)| (name, f64::from(value)))
+            .collect();
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
+        // Experimental shader paths in naga's backends have been known to panic
+        // rather than report; a panic here must become a fallback, not a crash.
+        let built = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&label),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry_point),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: self.disk.as_ref().map(|d| &d.cache),
+            })
+        }));
+        let internal = pollster::block_on(internal.pop());
+        let validation = pollster::block_on(validation.pop());
+        match (built, validation, internal) {
+            (Err(panic), _, _) => Err(format!("panicked: {}", panic_message(&panic))),
+            (Ok(_), Some(e), _) | (Ok(_), None, Some(e)) => Err(e.to_string()),
+            (Ok(pipeline), None, None) => Ok(pipeline),
+        }
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "unknown panic".to_owned())
+}
+
+impl DiskCache {
+    /// Loads the cache file if it is there; an unreadable or corrupt file is
+    /// ignored with a warning and replaced on the next save.
+    fn open(device: &wgpu::Device, path: PathBuf) -> Self {
+        let data = match std::fs::read(&path) {
+            Ok(data) => Some(data),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                warn_once(
+                    &format!("cache-read:{}", path.display()),
+                    &format!("ignoring unreadable pipeline cache {}: {e}", path.display()),
+                );
+                None
+            }
+        };
+        if let Some(data) = &data {
+            let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+            // SAFETY: the data is validated by wgpu (header, adapter key, checksum)
+            // because `fallback` is false; a mismatch is reported as an error.
+            let cache = unsafe {
+                device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
+                    label: Some("aether pipeline cache"),
+                    data: Some(data),
+                    fallback: false,
+                })
+            };
+            match pollster::block_on(scope.pop()) {
+                None => return Self { path, cache },
+                Some(e) => {
+                    warn_once(
+                        &format!("cache-corrupt:{}", path.display()),
+                        &format!("ignoring corrupt pipeline cache {}: {e}", path.display()),
+                    );
+                }
+            }
+        }
+        // SAFETY: no initial data is given.
+        let cache = unsafe {
+            device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
+                label: Some("aether pipeline cache"),
+                data: None,
+                fallback: true,
+            })
+        };
+        Self { path, cache }
+    }
+
+    /// Writes the cache atomically (temp file + rename); failure only warns.
+    fn save(&self) {
+        let Some(data) = self.cache.get_data() else {
+            return;
+        };
+        if let Err(e) = crate::io::write_atomic(&self.path, &data) {
+            warn_once(
+                &format!("cache-write:{}", self.path.display()),
+                &format!("could not save pipeline cache: {e}"),
+            );
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! A pool of GPU buffers keyed by (size, usage), so a training step allocates
+//! nothing new once the first step has run.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Buffers are sized in multiples of this, so nearly equal requests share buffers.
+const SIZE_GRANULE: u64 = 256;
+
+type PoolKey = (u64, wgpu::BufferUsages);
+
+/// Free buffers waiting to be reused, and counters that prove reuse.
+#[derive(Default)]
+pub struct BufferPool {
+    free: Arc<Mutex<HashMap<PoolKey, Vec<wgpu::Buffer>>>>,
+    created: AtomicUsize,
+    reused: AtomicUsize,
+}
+
+/// Counts of pool activity since the context was created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Buffers created on the device.
+    pub created: usize,
+    /// Requests served by a previously released buffer.
+    pub reused: usize,
+}
+
+impl BufferPool {
+    /// A buffer of at least `bytes` bytes with `usage`; back in the pool when dropped.
+    pub fn get_or_create(
+        &self,
+        device: &wgpu::Device,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+    ) -> PooledBuffer {
+        let size = bytes.max(1).div_ceil(SIZE_GRANULE) * SIZE_GRANULE;
+        let key = (size, usage);
+        let recycled = self
+            .free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&key)
+            .and_then(Vec::pop);
+        let buffer = match recycled {
+            Some(buffer) => {
+                self.reused.fetch_add(1, Ordering::Relaxed);
+                buffer
+            }
+            None => {
+                self.created.fetch_add(1, Ordering::Relaxed);
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("aether pooled"),
+                    size,
+                    usage,
+                    mapped_at_creation: false,
+                })
+            }
+        };
+        PooledBuffer {
+            buffer: Some(buffer),
+            key,
+            home: Arc::clone(&self.free),
+        }
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        PoolStats {
+            created: self.created.load(Ordering::Relaxed),
+            reused: self.reused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A buffer on loan from the pool.
+pub struct PooledBuffer {
+    buffer: Option<wgpu::Buffer>,
+    key: PoolKey,
+    home: Arc<Mutex<HashMap<PoolKey, Vec<wgpu::Buffer>>>>,
+}
+
+impl PooledBuffer {
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        self.buffer.as_ref().expect("buffer present until drop")
+    }
+
+    /// Allocated size in bytes (the request rounded up).
+    pub fn size(&self) -> u64 {
+        self.key.0
+    }
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            let mut free = self.home.lock().unwrap_or_else(|e| e.into_inner());
+            free.entry(self.key).or_default().push(buffer);
+        }
+    }
+}

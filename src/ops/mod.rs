@@ -1,0 +1,5 @@
+//! Elementwise operations shared by the layers.
+
+mod relu;
+
+pub use relu::relu;

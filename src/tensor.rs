@@ -1,0 +1,279 @@
+//! Tensors: NHWC f32 (or f16 storage for GPU operands) on the host or a GPU.
+//!
+//! A tensor is an immutable value; kernels produce new tensors. Cloning is cheap
+//! (storage is shared). GPU storage comes from the context's buffer pool and goes
+//! back to it when the last clone is dropped.
+
+use std::sync::Arc;
+
+use half::f16;
+
+use crate::device::Device;
+use crate::error::{AetherError, Result};
+use crate::gpu::{GpuContext, PooledBuffer};
+
+/// Element type of a tensor's storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+}
+
+impl DType {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+}
+
+/// Dimensions of a tensor, outermost first (NHWC for images). Every dimension is
+/// at least 1.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Shape(Vec<usize>);
+
+impl Shape {
+    /// A shape, or [`AetherError::InvalidShape`] for rank 0 or a zero dimension.
+    pub fn new(dims: impl Into<Vec<usize>>) -> Result<Self> {
+        let dims = dims.into();
+        if dims.is_empty() || dims.contains(&0) {
+            return Err(AetherError::InvalidShape {
+                op: "Shape::new",
+                shape: dims,
+                reason: "every tensor needs rank >= 1 and no zero-sized dimension".into(),
+            });
+        }
+        if dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .is_none()
+        {
+            return Err(AetherError::InvalidShape {
+                op: "Shape::new",
+                shape: dims,
+                reason: "element count overflows usize".into(),
+            });
+        }
+        Ok(Self(dims))
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        &self.0
+    }
+
+    pub fn numel(&self) -> usize {
+        self.0.iter().product()
+    }
+
+    /// `[n, h, w, c]` of a rank-4 shape; `op` names the caller in the error.
+    pub fn nhwc(&self, op: &'static str) -> Result<[usize; 4]> {
+        <[usize; 4]>::try_from(self.0.as_slice()).map_err(|_| AetherError::InvalidShape {
+            op,
+            shape: self.0.clone(),
+            reason: "expected rank 4 (N, H, W, C)".into(),
+        })
+    }
+}
+
+#[derive(Clone)]
+enum Storage {
+    HostF32(Arc<Vec<f32>>),
+    HostF16(Arc<Vec<f16>>),
+    Gpu(Arc<GpuStorage>),
+}
+
+struct GpuStorage {
+    ctx: Arc<GpuContext>,
+    buffer: PooledBuffer,
+}
+
+/// A shaped array of numbers on one device.
+#[derive(Clone)]
+pub struct Tensor {
+    shape: Shape,
+    dtype: DType,
+    storage: Storage,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tensor")
+            .field("shape", &self.shape.dims())
+            .field("dtype", &self.dtype)
+            .field("device", &self.device().name())
+            .finish()
+    }
+}
+
+fn check_len(shape: &Shape, len: usize) -> Result<()> {
+    if shape.numel() == len {
+        Ok(())
+    } else {
+        Err(AetherError::DataLength {
+            shape: shape.dims().to_vec(),
+            expected: shape.numel(),
+            actual: len,
+        })
+    }
+}
+
+impl Tensor {
+    /// An f32 tensor from host data, placed on `device`.
+    pub fn from_f32(dims: impl Into<Vec<usize>>, data: Vec<f32>, device: &Device) -> Result<Self> {
+        let shape = Shape::new(dims)?;
+        check_len(&shape, data.len())?;
+        match device {
+            Device::Cpu => Ok(Self {
+                shape,
+                dtype: DType::F32,
+                storage: Storage::HostF32(Arc::new(data)),
+            }),
+            Device::Gpu(ctx) => Self::upload(ctx, shape, DType::F32, bytemuck::cast_slice(&data)),
+        }
+    }
+
+    /// An f16 tensor from host data, placed on `device`.
+    pub fn from_f16(dims: impl Into<Vec<usize>>, data: Vec<f16>, device: &Device) -> Result<Self> {
+        let shape = Shape::new(dims)?;
+        check_len(&shape, data.len())?;
+        match device {
+            Device::Cpu => Ok(Self {
+                shape,
+                dtype: DType::F16,
+                storage: Storage::HostF16(Arc::new(data)),
+            }),
+            Device::Gpu(ctx) => Self::upload(ctx, shape, DType::F16, bytemuck::cast_slice(&data)),
+        }
+    }
+
+    fn upload(ctx: &Arc<GpuContext>, shape: Shape, dtype: DType, bytes: &[u8]) -> Result<Self> {
+        let tensor = Self::uninit_gpu(ctx, shape, dtype)?;
+        ctx.upload(tensor.gpu_buffer().expect("GPU tensor"), bytes);
+        Ok(tensor)
+    }
+
+    /// A GPU tensor whose contents a kernel is about to write.
+    pub(crate) fn uninit_gpu(ctx: &Arc<GpuContext>, shape: Shape, dtype: DType) -> Result<Self> {
+        let bytes = (shape.numel() * dtype.size_bytes()) as u64;
+        let limit = ctx.caps().limits.max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(AetherError::TooLarge {
+                what: format!("tensor of shape {:?} ({dtype:?})", shape.dims()),
+                bytes,
+                limit,
+            });
+        }
+        let buffer = ctx.pool().get_or_create(
+            ctx.device(),
+            bytes,
+            wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+        );
+        Ok(Self {
+            shape,
+            dtype,
+            storage: Storage::Gpu(Arc::new(GpuStorage {
+                ctx: Arc::clone(ctx),
+                buffer,
+            })),
+        })
+    }
+
+    pub fn shape(&self) -> &Shape {
+        &self.shape
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        self.shape.dims()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.numel()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> Device {
+        match &self.storage {
+            Storage::HostF32(_) | Storage::HostF16(_) => Device::Cpu,
+            Storage::Gpu(g) => Device::Gpu(Arc::clone(&g.ctx)),
+        }
+    }
+
+    /// The values as f32 on the host (f16 storage is widened exactly).
+    pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
+        match &self.storage {
+            Storage::HostF32(v) => Ok(v.to_vec()),
+            Storage::HostF16(v) => Ok(v.iter().map(|x| x.to_f32()).collect()),
+            Storage::Gpu(g) => {
+                let bytes = g.ctx.read_bytes(g.buffer.buffer(), self.byte_len())?;
+                Ok(match self.dtype {
+                    DType::F32 => bytemuck::pod_collect_to_vec(&bytes),
+                    DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&bytes)
+                        .into_iter()
+                        .map(f16::to_f32)
+                        .collect(),
+                })
+            }
+        }
+    }
+
+    /// The raw f16 values of an f16 tensor; an error for other dtypes.
+    pub fn to_vec_f16(&self) -> Result<Vec<f16>> {
+        match (&self.storage, self.dtype) {
+            (Storage::HostF16(v), _) => Ok(v.to_vec()),
+            (Storage::Gpu(g), DType::F16) => {
+                let bytes = g.ctx.read_bytes(g.buffer.buffer(), self.byte_len())?;
+                Ok(bytemuck::pod_collect_to_vec(&bytes))
+            }
+            _ => Err(AetherError::InvalidShape {
+                op: "Tensor::to_vec_f16",
+                shape: self.dims().to_vec(),
+                reason: format!("tensor holds {:?}, not F16", self.dtype),
+            }),
+        }
+    }
+
+    /// This tensor on `device` (a cheap clone when it is already there).
+    pub fn to(&self, device: &Device) -> Result<Self> {
+        if self.device().same_as(device) {
+            return Ok(self.clone());
+        }
+        match self.dtype {
+            DType::F32 => Self::from_f32(self.dims().to_vec(), self.to_vec_f32()?, device),
+            DType::F16 => Self::from_f16(self.dims().to_vec(), self.to_vec_f16()?, device),
+        }
+    }
+
+    fn byte_len(&self) -> u64 {
+        (self.numel() * self.dtype.size_bytes()) as u64
+    }
+
+    /// Host f32 data, when this is an f32 tensor on the CPU.
+    pub(crate) fn host_f32(&self) -> Option<&[f32]> {
+        match &self.storage {
+            Storage::HostF32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// The GPU buffer, when this tensor lives on a GPU.
+    pub(crate) fn gpu_buffer(&self) -> Option<&wgpu::Buffer> {
+        match &self.storage {
+            Storage::Gpu(g) => Some(g.buffer.buffer()),
+            _ => None,
+        }
+    }
+
+    /// The GPU context, when this tensor lives on a GPU.
+    pub(crate) fn gpu_context(&self) -> Option<&Arc<GpuContext>> {
+        match &self.storage {
+            Storage::Gpu(g) => Some(&g.ctx),
+            _ => None,
+        }
+    }
+}

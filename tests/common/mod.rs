@@ -1,0 +1,129 @@
+//! The headless test harness: one test body runs on the CPU path and on whatever
+//! GPU adapter is present (lavapipe in CI), in the manner of candle's `test_device!`.
+//!
+//! With no adapter the GPU case prints a visible `SKIP` line; with
+//! `AETHER_REQUIRE_GPU=1` (set by CI) a missing adapter fails the test instead.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::io::Write;
+use std::sync::OnceLock;
+
+use aether::Device;
+use aether::gpu::{DevicePreference, GpuOptions};
+
+/// Writes straight to stderr, bypassing libtest's capture, so skips and adapter
+/// reports show in a plain `cargo test` run.
+pub fn report(message: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{message}");
+}
+
+fn test_name() -> String {
+    std::thread::current().name().unwrap_or("?").to_owned()
+}
+
+/// Options for test contexts: the environment's, with a throwaway cache directory
+/// unless `AETHER_CACHE_DIR` is set.
+pub fn test_gpu_options() -> GpuOptions {
+    let mut options = GpuOptions::from_env().expect("valid AETHER_* environment");
+    if std::env::var_os("AETHER_CACHE_DIR").is_none() {
+        options.cache_dir = Some(std::env::temp_dir().join("aether-test-cache"));
+    }
+    options
+}
+
+/// The shared GPU device for this test binary, or `None` (after a visible skip
+/// line) when there is no adapter.
+pub fn gpu() -> Option<Device> {
+    static GPU: OnceLock<Option<Device>> = OnceLock::new();
+    let device = GPU.get_or_init(|| {
+        match Device::with_preference(DevicePreference::Gpu, &test_gpu_options()) {
+            Ok(device) => {
+                let caps = device.gpu_context().expect("gpu").caps();
+                report(&format!(
+                    "[aether-test] GPU tests run on {}",
+                    caps.describe()
+                ));
+                Some(device)
+            }
+            Err(e) => {
+                assert!(
+                    std::env::var("AETHER_REQUIRE_GPU").as_deref() != Ok("1"),
+                    "AETHER_REQUIRE_GPU=1 but no GPU adapter: {e}"
+                );
+                None
+            }
+        }
+    });
+    if device.is_none() {
+        skip("no GPU adapter");
+    }
+    device.clone()
+}
+
+/// Prints a visible skip line for the current test.
+pub fn skip(reason: &str) {
+    report(&format!("[aether-test] SKIP {}: {reason}", test_name()));
+}
+
+/// Runs one test body on the CPU path (`name::cpu`) and on the GPU (`name::gpu`).
+#[macro_export]
+macro_rules! test_device {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[test]
+            fn cpu() {
+                ($body)(&aether::Device::Cpu);
+            }
+
+            #[test]
+            fn gpu() {
+                if let Some(device) = $crate::common::gpu() {
+                    ($body)(&device);
+                }
+            }
+        }
+    };
+}
+
+/// A small, fast PRNG (SplitMix64) so test data is fresh each run yet
+/// reproducible: the seed is printed in every failure message.
+pub struct Rng {
+    state: u64,
+    pub seed: u64,
+}
+
+impl Rng {
+    /// Seeded from `AETHER_TEST_SEED`, else from the clock.
+    pub fn fresh() -> Self {
+        let seed = std::env::var("AETHER_TEST_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0x5eed)
+            });
+        Self { state: seed, seed }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    pub fn uniform(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    pub fn vec(&mut self, len: usize) -> Vec<f32> {
+        (0..len).map(|_| self.uniform()).collect()
+    }
+}

@@ -1,0 +1,234 @@
+//! The GPU context: capabilities, the pipeline cache and its failure path, the
+//! disk cache, the buffer pool and batched submission. Each test that counts
+//! something opens its own context so other tests cannot disturb the counts.
+
+mod common;
+
+use std::sync::Arc;
+
+use aether::gpu::{DevicePreference, GpuContext, GpuOptions, PipelineKey};
+use aether::{Device, Tensor, diagnostics};
+use common::{Rng, report, skip, test_gpu_options};
+
+/// A private context for one test, or `None` after a visible skip.
+fn own_context(options: &GpuOptions) -> Option<Arc<GpuContext>> {
+    common::gpu()?;
+    match Device::with_preference(DevicePreference::Gpu, options).unwrap() {
+        Device::Gpu(ctx) => Some(ctx),
+        Device::Cpu => unreachable!("Gpu preference never yields the CPU"),
+    }
+}
+
+#[test]
+fn reports_capabilities_and_cooperative_matrix_configurations() {
+    let Some(device) = common::gpu() else { return };
+    let caps = device.gpu_context().unwrap().caps();
+    let configs: Vec<String> = caps.coop_matrix.iter().map(|c| c.to_string()).collect();
+    report(&format!(
+        "[aether-test] cooperative-matrix configurations on {:?}: {}; f16xf16->f32 square tile: {:?}",
+        caps.adapter_name,
+        if configs.is_empty() {
+            "none".to_owned()
+        } else {
+            configs.join(", ")
+        },
+        caps.coop_f16_f32_tile()
+    ));
+    assert!(!caps.adapter_name.is_empty());
+    // The context asks for the adapter's real limits, not the 128 MiB default.
+    assert!(caps.limits.max_storage_buffer_binding_size >= 128 << 20);
+    if let Some(tile) = caps.coop_f16_f32_tile() {
+        assert!(tile == 8 || tile == 16);
+    }
+}
+
+#[test]
+fn invalid_shader_gives_none_and_one_warning_then_valid_kernels_still_work() {
+    let Some(ctx) = own_context(&test_gpu_options()) else {
+        return;
+    };
+    let key = PipelineKey::new("broken_for_test", "portable").with("TILE", 4);
+    let before = diagnostics::warnings().len();
+    let broken = "@compute @workgroup_size(1) fn main() { let x: f32 = undeclared_thing; }";
+    assert!(
+        ctx.pipelines()
+            .get_or_create(&key, "main", || broken.into())
+            .is_none()
+    );
+    // Remembered: no second compile attempt and no second warning.
+    let mut recompiled = false;
+    assert!(
+        ctx.pipelines()
+            .get_or_create(&key, "main", || {
+                recompiled = true;
+                broken.into()
+            })
+            .is_none()
+    );
+    assert!(!recompiled, "a failed key must not be compiled again");
+    let new: Vec<String> = diagnostics::warnings()[before..]
+        .iter()
+        .filter(|w| w.contains("broken_for_test"))
+        .cloned()
+        .collect();
+    assert_eq!(new.len(), 1, "exactly one warning expected, got {new:?}");
+    assert!(
+        new[0].starts_with("[aether] ") && new[0].contains("portable"),
+        "{}",
+        new[0]
+    );
+
+    // A valid kernel compiled afterwards on the same device still works.
+    let x = Tensor::from_f32(
+        vec![4],
+        vec![-1.0, 2.0, -3.0, 4.0],
+        &Device::Gpu(ctx.clone()),
+    )
+    .unwrap();
+    assert_eq!(
+        aether::ops::relu(&x).unwrap().to_vec_f32().unwrap(),
+        [0.0, 2.0, 0.0, 4.0]
+    );
+}
+
+#[test]
+fn pipelines_compile_once_per_key() {
+    let Some(ctx) = own_context(&test_gpu_options()) else {
+        return;
+    };
+    let device = Device::Gpu(ctx.clone());
+    let x = Tensor::from_f32(vec![2, 3], vec![1.0, -2.0, 3.0, -4.0, 5.0, -6.0], &device).unwrap();
+    for _ in 0..3 {
+        aether::ops::relu(&x).unwrap();
+    }
+    assert_eq!(ctx.pipelines().compiled_count(), 1);
+}
+
+#[test]
+fn pipeline_cache_is_persisted_and_a_corrupt_file_is_ignored_with_a_warning() {
+    let dir = std::env::temp_dir().join(format!("aether-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut options = test_gpu_options();
+    options.cache_dir = Some(dir.clone());
+    let Some(ctx) = own_context(&options) else {
+        return;
+    };
+    let Some(path) = ctx.pipelines().disk_path().map(|p| p.to_owned()) else {
+        skip(&format!(
+            "backend of {:?} has no pipeline cache",
+            ctx.caps().adapter_name
+        ));
+        return;
+    };
+    let x = Tensor::from_f32(vec![3], vec![-1.0, 0.5, 2.0], &Device::Gpu(ctx.clone())).unwrap();
+    aether::ops::relu(&x).unwrap().to_vec_f32().unwrap();
+    let saved = std::fs::read(&path).expect("cache file written after a compile");
+    assert!(!saved.is_empty());
+    drop((x, ctx));
+
+    std::fs::write(&path, b"definitely not a pipeline cache").unwrap();
+    let before = diagnostics::warnings().len();
+    let ctx = own_context(&options).unwrap();
+    let warned = diagnostics::warnings()[before..]
+        .iter()
+        .any(|w| w.starts_with("[aether] ignoring corrupt pipeline cache"));
+    assert!(
+        warned,
+        "corrupt cache must be reported: {:?}",
+        diagnostics::warnings()
+    );
+    let x = Tensor::from_f32(vec![3], vec![-1.0, 0.5, 2.0], &Device::Gpu(ctx)).unwrap();
+    assert_eq!(
+        aether::ops::relu(&x).unwrap().to_vec_f32().unwrap(),
+        [0.0, 0.5, 2.0]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One "step": upload, two kernels, read back.
+fn step(device: &Device, data: &[f32]) -> Vec<f32> {
+    let x = Tensor::from_f32(vec![data.len()], data.to_vec(), device).unwrap();
+    let y = aether::ops::relu(&x).unwrap();
+    let z = aether::ops::relu(&y).unwrap();
+    z.to_vec_f32().unwrap()
+}
+
+#[test]
+fn buffer_pool_reuses_buffers_across_identical_steps() {
+    let Some(ctx) = own_context(&test_gpu_options()) else {
+        return;
+    };
+    let device = Device::Gpu(ctx.clone());
+    let mut rng = Rng::fresh();
+    let data = rng.vec(1000);
+    let first = step(&device, &data);
+    let after_first = ctx.pool().stats();
+    let second = step(&device, &data);
+    let after_second = ctx.pool().stats();
+    assert_eq!(first, second);
+    assert!(after_first.created > 0);
+    assert_eq!(
+        after_second.created, after_first.created,
+        "the second identical step must allocate nothing new"
+    );
+    assert!(after_second.reused > after_first.reused);
+}
+
+#[test]
+fn a_step_is_recorded_into_one_submission() {
+    let Some(ctx) = own_context(&test_gpu_options()) else {
+        return;
+    };
+    let device = Device::Gpu(ctx.clone());
+    let data = Rng::fresh().vec(300);
+    let x = Tensor::from_f32(vec![300], data, &device).unwrap();
+    let (submissions, dispatches) = (ctx.submission_count(), ctx.dispatch_count());
+    let y =
+        aether::ops::relu(&aether::ops::relu(&aether::ops::relu(&x).unwrap()).unwrap()).unwrap();
+    y.to_vec_f32().unwrap();
+    assert_eq!(ctx.dispatch_count() - dispatches, 3);
+    assert_eq!(
+        ctx.submission_count() - submissions,
+        1,
+        "three kernels and a read back in one submission"
+    );
+}
+
+#[test]
+fn timestamp_queries_time_each_dispatch() {
+    let Some(ctx) = own_context(&test_gpu_options()) else {
+        return;
+    };
+    if !ctx.caps().timestamps {
+        skip("adapter has no timestamp queries");
+        return;
+    }
+    let device = Device::Gpu(ctx.clone());
+    let x = Tensor::from_f32(vec![4096], Rng::fresh().vec(4096), &device).unwrap();
+    let (_, times) = ctx
+        .timed(8, || {
+            let y = aether::ops::relu(&x)?;
+            aether::ops::relu(&y)
+        })
+        .unwrap();
+    let labels: Vec<_> = times.iter().map(|t| t.label).collect();
+    assert_eq!(labels, ["relu", "relu"]);
+    assert!(times.iter().all(|t| t.nanos.is_finite() && t.nanos >= 0.0));
+    report(&format!("[aether-test] relu x4096 GPU times: {times:?}"));
+}
+
+#[test]
+fn cpu_preference_never_opens_an_adapter_and_unknown_filter_is_an_error() {
+    let device = Device::with_preference(DevicePreference::Cpu, &GpuOptions::default()).unwrap();
+    assert!(matches!(device, Device::Cpu));
+    let options = GpuOptions {
+        adapter_filter: Some("no-such-adapter-xyz".into()),
+        ..GpuOptions::default()
+    };
+    for preference in [DevicePreference::Auto, DevicePreference::Gpu] {
+        let err = Device::with_preference(preference, &options)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no-such-adapter-xyz"), "{err}");
+    }
+}
