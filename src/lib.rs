@@ -6,6 +6,7 @@
 //! Start with [`Device::best`], which honours `AETHER_DEVICE=cpu|gpu|auto` and
 //! `AETHER_ADAPTER=<name substring>`, then build [`Tensor`]s on it.
 
+pub mod conv;
 pub mod device;
 pub mod diagnostics;
 pub mod error;

@@ -87,7 +87,13 @@ impl GpuContext {
             source,
         })?;
         let caps = GpuCapabilities::read(&adapter, features, coop_disabled);
-        let pipelines = PipelineCache::new(&device, &info, &caps, options.cache_dir.as_deref());
+        let pipelines = PipelineCache::new(
+            &device,
+            &info,
+            &caps,
+            options.cache_dir.as_deref(),
+            &options.break_kernels,
+        );
         Ok(Arc::new(Self {
             device,
             queue,

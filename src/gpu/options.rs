@@ -40,6 +40,10 @@ pub struct GpuOptions {
     /// Where compiled pipelines are persisted (`AETHER_CACHE_DIR`); `None` keeps
     /// them in memory only.
     pub cache_dir: Option<PathBuf>,
+    /// Fault injection for tests of the fallback paths: kernels named here
+    /// (`"kernel"` or `"kernel:variant"`) get invalid WGSL, so they really fail to
+    /// compile and the caller's fallback runs.
+    pub break_kernels: Vec<String>,
 }
 
 impl GpuOptions {
@@ -61,6 +65,7 @@ impl GpuOptions {
             adapter_filter,
             disable_coop,
             cache_dir,
+            break_kernels: Vec::new(),
         })
     }
 }

@@ -46,6 +46,7 @@ pub struct PipelineCache {
     adapter_name: String,
     entries: Mutex<HashMap<PipelineKey, Option<Arc<wgpu::ComputePipeline>>>>,
     disk: Option<DiskCache>,
+    break_kernels: Vec<String>,
 }
 
 /// wgpu's driver-level pipeline cache and the file it is persisted to.
@@ -60,6 +61,7 @@ impl PipelineCache {
         info: &wgpu::AdapterInfo,
         caps: &GpuCapabilities,
         cache_dir: Option<&Path>,
+        break_kernels: &[String],
     ) -> Self {
         let disk = match (
             caps.pipeline_cache,
@@ -74,6 +76,7 @@ impl PipelineCache {
             adapter_name: info.name.clone(),
             entries: Mutex::default(),
             disk,
+            break_kernels: break_kernels.to_vec(),
         }
     }
 
@@ -89,7 +92,17 @@ impl PipelineCache {
         if let Some(known) = entries.get(key) {
             return known.clone();
         }
-        let compiled = match self.compile(key, entry_point, &source()) {
+        let full_name = format!("{}:{}", key.kernel, key.variant);
+        let broken = self
+            .break_kernels
+            .iter()
+            .any(|b| *b == key.kernel || *b == full_name);
+        let source = if broken {
+            "this is deliberately not WGSL (GpuOptions::break_kernels)".into()
+        } else {
+            source()
+        };
+        let compiled = match self.compile(key, entry_point, &source) {
             Ok(pipeline) => Some(Arc::new(pipeline)),
             Err(message) => {
                 warn_once(

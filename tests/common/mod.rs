@@ -5,6 +5,8 @@
 //! `AETHER_REQUIRE_GPU=1` (set by CI) a missing adapter fails the test instead.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod conv_reference;
+
 use std::io::Write;
 use std::sync::OnceLock;
 

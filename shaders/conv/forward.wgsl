@@ -1,0 +1,35 @@
+// Forward: Out[M, C_out] = im2col(X)[M, K] x W[K, C_out] + bias, no im2col buffer.
+
+@group(0) @binding(0) var<storage, read> x: array<operand>;
+@group(0) @binding(1) var<storage, read> w: array<operand>;
+@group(0) @binding(2) var<storage, read> bias: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+struct Params {
+    n: u32,
+}
+@group(0) @binding(4) var<uniform> params: Params;
+
+fn gemm_rows(z: u32) -> u32 {
+    return params.n * H_OUT * W_OUT;
+}
+
+fn gemm_cols() -> u32 {
+    return C_OUT;
+}
+
+fn reduction_range(z: u32) -> vec2<u32> {
+    return vec2<u32>(0u, R * S * C_IN);
+}
+
+fn load_a(z: u32, row: u32, red: u32) -> f32 {
+    return im2col(row, red);
+}
+
+fn load_b(z: u32, red: u32, col: u32) -> f32 {
+    return f32(w[red * C_OUT + col]);
+}
+
+fn store_c(z: u32, row: u32, col: u32, v: f32) {
+    y[row * C_OUT + col] = v + bias[col];
+}

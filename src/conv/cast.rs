@@ -1,0 +1,123 @@
+//! f32 -> f16 casts for the conv operands, bit-exact with `half::f16::from_f32`.
+//!
+//! `conv_backward_cast_fp16` writes both fp16 operands of the backward pass in one
+//! dispatch: dvalues clipped to +-65504 (NaN passes, +-inf clamps, like `xp.clip`)
+//! and inputs cast unclipped. If that kernel fails to compile, the two-dispatch
+//! fallback (the single-tensor cast twice) is used after one `[aether]` warning.
+
+use half::f16;
+use rayon::prelude::*;
+
+use crate::error::{AetherError, Result};
+use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::tensor::{DType, Tensor};
+
+const F16_BITS: &str = include_str!("../../shaders/conv/f16_bits.wgsl");
+const BACKWARD_CAST: &str = include_str!("../../shaders/conv/backward_cast.wgsl");
+const CAST: &str = include_str!("../../shaders/conv/cast.wgsl");
+const WORKGROUP: u32 = 256;
+
+/// `xp.clip(x, -65504, 65504)`: NaN stays NaN, infinities clamp.
+pub fn clip_f16_range(x: f32) -> f32 {
+    if x.is_nan() { x } else { x.clamp(-65504.0, 65504.0) }
+}
+
+fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype() == DType::F32 {
+        Ok(())
+    } else {
+        Err(AetherError::InvalidShape {
+            op,
+            shape: t.dims().to_vec(),
+            reason: format!("expected F32, got {:?}", t.dtype()),
+        })
+    }
+}
+
+/// `x` as f16, clipped to +-65504 first when `clip` is set.
+pub fn cast_f16(x: &Tensor, clip: bool) -> Result<Tensor> {
+    require_f32("cast_f16", x)?;
+    if let Some(data) = x.host_f32() {
+        let prepare = if clip { clip_f16_range } else { std::convert::identity };
+        let out = data.par_iter().map(|&v| f16::from_f32(prepare(v))).collect();
+        return Tensor::from_f16(x.dims().to_vec(), out, &x.device());
+    }
+    let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
+    let key = PipelineKey::new("cast_f16", "portable").with("CLIP", u32::from(clip));
+    let pipeline = ctx
+        .pipelines()
+        .get_or_create(&key, "main", || [F16_BITS, CAST].concat().into())
+        .ok_or_else(|| no_variant(ctx, "cast_f16"))?;
+    let out = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F16)?;
+    let (grid, row_stride) = word_grid(ctx, x.numel());
+    let params = [x.numel() as u32, row_stride];
+    ctx.dispatch(
+        "cast_f16",
+        &pipeline,
+        &[gpu(x), gpu(&out)],
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok(out)
+}
+
+/// The fp16 operands of a conv backward pass: `(clip(dvalues) as f16, inputs as f16)`.
+pub fn conv_backward_cast_fp16(dvalues: &Tensor, inputs: &Tensor) -> Result<(Tensor, Tensor)> {
+    require_f32("conv_backward_cast_fp16", dvalues)?;
+    require_f32("conv_backward_cast_fp16", inputs)?;
+    if !dvalues.device().same_as(&inputs.device()) {
+        return Err(AetherError::DeviceMismatch {
+            op: "conv_backward_cast_fp16",
+            a: dvalues.device().name(),
+            b: inputs.device().name(),
+        });
+    }
+    let Some(ctx) = dvalues.gpu_context() else {
+        return Ok((cast_f16(dvalues, true)?, cast_f16(inputs, false)?));
+    };
+    let key = PipelineKey::new("conv_backward_cast_fp16", "fused");
+    let Some(pipeline) = ctx
+        .pipelines()
+        .get_or_create(&key, "main", || [F16_BITS, BACKWARD_CAST].concat().into())
+    else {
+        // The pipeline cache has warned once; the two-dispatch path gives identical bits.
+        return Ok((cast_f16(dvalues, true)?, cast_f16(inputs, false)?));
+    };
+    let dvalues_f16 = Tensor::uninit_gpu(ctx, dvalues.shape().clone(), DType::F16)?;
+    let inputs_f16 = Tensor::uninit_gpu(ctx, inputs.shape().clone(), DType::F16)?;
+    let words = dvalues.numel().div_ceil(2) + inputs.numel().div_ceil(2);
+    let (grid, row_stride) = flat_grid(
+        words,
+        WORKGROUP,
+        ctx.caps().limits.max_compute_workgroups_per_dimension,
+    );
+    let params = [dvalues.numel() as u32, inputs.numel() as u32, row_stride];
+    ctx.dispatch(
+        "conv_backward_cast_fp16",
+        &pipeline,
+        &[gpu(dvalues), gpu(inputs), gpu(&dvalues_f16), gpu(&inputs_f16)],
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok((dvalues_f16, inputs_f16))
+}
+
+/// A grid with one invocation per output word (two elements).
+fn word_grid(ctx: &GpuContext, len: usize) -> ([u32; 3], u32) {
+    flat_grid(
+        len.div_ceil(2),
+        WORKGROUP,
+        ctx.caps().limits.max_compute_workgroups_per_dimension,
+    )
+}
+
+fn gpu(t: &Tensor) -> &wgpu::Buffer {
+    t.gpu_buffer().expect("operand checked to be on the GPU")
+}
+
+fn no_variant(ctx: &GpuContext, kernel: &'static str) -> AetherError {
+    AetherError::NoKernelVariant {
+        kernel,
+        adapter: ctx.caps().adapter_name.clone(),
+    }
+}

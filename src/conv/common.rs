@@ -1,0 +1,501 @@
+//! Geometry, launch planning and the compile options shared by the conv kernels.
+//!
+//! Layout conventions: activations are NHWC; weights are `[R, S, C_in, C_out]`,
+//! i.e. the GEMM operand `W[K, C_out]` with K ordered `(r, s, c_in)`.
+
+use crate::error::{AetherError, Result};
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::gpu::{GpuCapabilities, GpuContext, PipelineKey};
+use crate::tensor::{DType, Tensor};
+
+/// How the input is padded before the filter slides over it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Padding {
+    /// `(f - 1) / 2` on each side of each spatial dimension (Aether-ML's "same").
+    Same,
+    /// No padding.
+    Valid,
+    /// Explicit `top, bottom, left, right`.
+    Explicit {
+        top: usize,
+        bottom: usize,
+        left: usize,
+        right: usize,
+    },
+}
+
+/// Everything about a convolution except the data: filter, stride, padding, dilation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConvParams {
+    pub c_out: usize,
+    /// Filter `(R, S)`: height and width.
+    pub filter: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: Padding,
+    pub dilation: (usize, usize),
+}
+
+impl ConvParams {
+    /// A square `filter x filter` convolution with stride 1, no dilation.
+    pub fn new(c_out: usize, filter: usize, padding: Padding) -> Self {
+        Self {
+            c_out,
+            filter: (filter, filter),
+            stride: (1, 1),
+            padding,
+            dilation: (1, 1),
+        }
+    }
+}
+
+/// The single place where convolution geometry is computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConvShapeMeta {
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c_in: usize,
+    pub c_out: usize,
+    pub r: usize,
+    pub s: usize,
+    pub stride_h: usize,
+    pub stride_w: usize,
+    pub pad_top: usize,
+    pub pad_left: usize,
+    pub dil_h: usize,
+    pub dil_w: usize,
+    pub h_out: usize,
+    pub w_out: usize,
+    /// GEMM rows: `N * H_out * W_out`.
+    pub m: usize,
+    /// GEMM reduction length of the forward pass: `R * S * C_in`.
+    pub k: usize,
+}
+
+/// A [`ConvShapeMeta`] without the batch size: what pipelines are keyed by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConvShapeKey {
+    pub h: usize,
+    pub w: usize,
+    pub c_in: usize,
+    pub c_out: usize,
+    pub r: usize,
+    pub s: usize,
+    pub stride: (usize, usize),
+    pub pad: (usize, usize),
+    pub dilation: (usize, usize),
+}
+
+impl ConvShapeMeta {
+    /// Geometry of `params` applied to an NHWC `input` shape; a typed error for
+    /// zero sizes or an empty output.
+    pub fn new(input: [usize; 4], params: &ConvParams) -> Result<Self> {
+        let [n, h, w, c_in] = input;
+        let (r, s) = params.filter;
+        let (stride_h, stride_w) = params.stride;
+        let (dil_h, dil_w) = params.dilation;
+        let invalid = |reason: String| AetherError::InvalidShape {
+            op: "conv2d",
+            shape: input.to_vec(),
+            reason,
+        };
+        if [n, h, w, c_in, params.c_out, r, s, stride_h, stride_w, dil_h, dil_w].contains(&0) {
+            return Err(invalid(format!(
+                "sizes, channels, filter {:?}, stride {:?} and dilation {:?} must all be >= 1 \
+                 (c_out {})",
+                params.filter, params.stride, params.dilation, params.c_out
+            )));
+        }
+        let (pad_top, pad_bottom, pad_left, pad_right) = match params.padding {
+            Padding::Same => ((r - 1) / 2, (r - 1) / 2, (s - 1) / 2, (s - 1) / 2),
+            Padding::Valid => (0, 0, 0, 0),
+            Padding::Explicit {
+                top,
+                bottom,
+                left,
+                right,
+            } => (top, bottom, left, right),
+        };
+        let span_h = dil_h * (r - 1) + 1;
+        let span_w = dil_w * (s - 1) + 1;
+        let padded_h = h + pad_top + pad_bottom;
+        let padded_w = w + pad_left + pad_right;
+        if padded_h < span_h || padded_w < span_w {
+            return Err(invalid(format!(
+                "filter {:?} (dilation {:?}) is larger than the padded input {padded_h}x{padded_w}: \
+                 the output would be empty",
+                params.filter, params.dilation
+            )));
+        }
+        let h_out = (padded_h - span_h) / stride_h + 1;
+        let w_out = (padded_w - span_w) / stride_w + 1;
+        let too_big = [n * h_out * w_out, r * s * c_in, n * h * w * c_in, r * s * c_in * params.c_out]
+            .iter()
+            .any(|&v| v > u32::MAX as usize / 2);
+        if too_big {
+            return Err(invalid("exceeds the 2^31 element range of the kernels' indices".into()));
+        }
+        Ok(Self {
+            n,
+            h,
+            w,
+            c_in,
+            c_out: params.c_out,
+            r,
+            s,
+            stride_h,
+            stride_w,
+            pad_top,
+            pad_left,
+            dil_h,
+            dil_w,
+            h_out,
+            w_out,
+            m: n * h_out * w_out,
+            k: r * s * c_in,
+        })
+    }
+
+    pub fn key(&self) -> ConvShapeKey {
+        ConvShapeKey {
+            h: self.h,
+            w: self.w,
+            c_in: self.c_in,
+            c_out: self.c_out,
+            r: self.r,
+            s: self.s,
+            stride: (self.stride_h, self.stride_w),
+            pad: (self.pad_top, self.pad_left),
+            dilation: (self.dil_h, self.dil_w),
+        }
+    }
+
+    pub fn input_dims(&self) -> [usize; 4] {
+        [self.n, self.h, self.w, self.c_in]
+    }
+
+    pub fn output_dims(&self) -> [usize; 4] {
+        [self.n, self.h_out, self.w_out, self.c_out]
+    }
+
+    pub fn weight_dims(&self) -> [usize; 4] {
+        [self.r, self.s, self.c_in, self.c_out]
+    }
+
+    /// The WGSL `override` constants every conv kernel reads its geometry from
+    /// (declared in [`SHADER_PRELUDE`]); the batch size is a runtime parameter.
+    pub fn shape_constants(&self) -> [(&'static str, u32); 14] {
+        let c = |v: usize| v as u32;
+        [
+            ("H", c(self.h)),
+            ("W", c(self.w)),
+            ("C_IN", c(self.c_in)),
+            ("C_OUT", c(self.c_out)),
+            ("R", c(self.r)),
+            ("S", c(self.s)),
+            ("STRIDE_H", c(self.stride_h)),
+            ("STRIDE_W", c(self.stride_w)),
+            ("PAD_TOP", c(self.pad_top)),
+            ("PAD_LEFT", c(self.pad_left)),
+            ("DIL_H", c(self.dil_h)),
+            ("DIL_W", c(self.dil_w)),
+            ("H_OUT", c(self.h_out)),
+            ("W_OUT", c(self.w_out)),
+        ]
+    }
+}
+
+/// A kernel implementation, in the planner's order of preference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConvVariant {
+    /// Tiled GEMM reading f16 operands, accumulating in f32.
+    PortableF16,
+    /// Tiled GEMM in f32, for adapters without SHADER_F16.
+    PortableF32,
+}
+
+impl ConvVariant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PortableF16 => "portable_f16",
+            Self::PortableF32 => "portable_f32",
+        }
+    }
+
+    /// Whether operands are stored as f16.
+    pub fn f16_operands(self) -> bool {
+        !matches!(self, Self::PortableF32)
+    }
+
+    /// The variants this adapter offers, best first.
+    pub fn candidates(caps: &GpuCapabilities) -> Vec<Self> {
+        let mut out = Vec::new();
+        if caps.shader_f16 {
+            out.push(Self::PortableF16);
+        }
+        out.push(Self::PortableF32);
+        out
+    }
+}
+
+/// The portable kernels' output tile: `PORTABLE_TILE x PORTABLE_TILE` per
+/// workgroup of 16x16 threads, each thread computing 4x4 outputs.
+pub const PORTABLE_TILE: u32 = 64;
+/// The reduction depth staged through workgroup memory per iteration.
+pub const PORTABLE_TILE_K: u32 = 16;
+
+/// A decided launch: computed once per (layer, shape) and cached by the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvLaunchPlan {
+    pub variant: ConvVariant,
+    pub tile_m: u32,
+    pub tile_n: u32,
+    pub tile_k: u32,
+    pub workgroups: [u32; 3],
+    /// Number of independent slices of the reduction (dweight only; 1 elsewhere).
+    pub split_k: u32,
+}
+
+/// The three GEMM directions of a convolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ConvDirection {
+    Forward,
+    DWeight,
+    DInput,
+}
+
+/// One conv kernel: its name and the WGSL parts after the prelude.
+pub(crate) struct ConvKernel {
+    pub name: &'static str,
+    pub parts: &'static [&'static str],
+}
+
+impl ConvKernel {
+    /// The compiled pipeline of this kernel for `variant` and `meta`'s geometry;
+    /// `None` when it failed to compile (the cache has warned).
+    pub fn pipeline(
+        &self,
+        ctx: &GpuContext,
+        variant: ConvVariant,
+        meta: &ConvShapeMeta,
+    ) -> Option<Arc<wgpu::ComputePipeline>> {
+        ctx.pipelines()
+            .get_or_create(&pipeline_key(self.name, variant, meta), "main", || {
+                shader_source(variant, self.parts).into()
+            })
+    }
+}
+
+/// Launch plans of one layer, computed once per (direction, shape) and reused.
+/// A forced variant pins every plan to it (for tests and comparison runs).
+#[derive(Default)]
+pub struct ConvPlans {
+    forced: Option<ConvVariant>,
+    plans: Mutex<HashMap<(ConvDirection, ConvShapeMeta), ConvLaunchPlan>>,
+}
+
+impl ConvPlans {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Plans that only ever use `variant`.
+    pub fn forcing(variant: ConvVariant) -> Self {
+        Self {
+            forced: Some(variant),
+            plans: Mutex::default(),
+        }
+    }
+
+    /// The variants to try, best first.
+    pub(crate) fn candidates(&self, caps: &GpuCapabilities) -> Vec<ConvVariant> {
+        match self.forced {
+            Some(v) => vec![v],
+            None => ConvVariant::candidates(caps),
+        }
+    }
+
+    /// The cached plan for `(direction, meta)`, or the one `plan` makes now.
+    pub(crate) fn get_or_plan(
+        &self,
+        direction: ConvDirection,
+        meta: &ConvShapeMeta,
+        plan: impl FnOnce() -> Result<ConvLaunchPlan>,
+    ) -> Result<ConvLaunchPlan> {
+        let key = (direction, *meta);
+        if let Some(p) = self.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(*p);
+        }
+        let made = plan()?;
+        self.plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, made);
+        Ok(made)
+    }
+
+    /// The plans made so far, for logs ("which kernel variants are in use").
+    pub fn summary(&self) -> Vec<(ConvDirection, ConvShapeKey, ConvLaunchPlan)> {
+        let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
+        plans.iter().map(|((d, m), p)| (*d, m.key(), *p)).collect()
+    }
+}
+
+/// The first candidate variant of `kernel` that compiles, with its pipeline.
+pub(crate) fn first_compiling(
+    ctx: &GpuContext,
+    plans: &ConvPlans,
+    kernel: &ConvKernel,
+    meta: &ConvShapeMeta,
+) -> Result<ConvVariant> {
+    plans
+        .candidates(ctx.caps())
+        .into_iter()
+        .find(|&v| kernel.pipeline(ctx, v, meta).is_some())
+        .ok_or_else(|| AetherError::NoKernelVariant {
+            kernel: kernel.name,
+            adapter: ctx.caps().adapter_name.clone(),
+        })
+}
+
+/// Portable-kernel workgroups over a `rows x cols` output with `z` slices.
+pub(crate) fn portable_grid(what: &str, ctx: &GpuContext, rows: usize, cols: usize, z: usize) -> Result<[u32; 3]> {
+    let grid = [
+        rows.div_ceil(PORTABLE_TILE as usize),
+        cols.div_ceil(PORTABLE_TILE as usize),
+        z,
+    ];
+    let limit = ctx.caps().limits.max_compute_workgroups_per_dimension as usize;
+    if let Some(&too_many) = grid.iter().find(|&&g| g > limit) {
+        return Err(AetherError::TooLarge {
+            what: format!("{what}: grid {grid:?} of {PORTABLE_TILE}x{PORTABLE_TILE} tiles"),
+            bytes: too_many as u64,
+            limit: limit as u64,
+        });
+    }
+    Ok(grid.map(|g| g as u32))
+}
+
+/// Checks that `t` has exactly `dims`, naming `what` in the error.
+pub(crate) fn expect_dims(op: &'static str, t: &Tensor, dims: &[usize]) -> Result<()> {
+    if t.dims() == dims {
+        Ok(())
+    } else {
+        Err(AetherError::ShapeMismatch {
+            op,
+            expected: dims.to_vec(),
+            actual: t.dims().to_vec(),
+        })
+    }
+}
+
+/// `t` in the operand type of `variant`: f32 inputs are cast to f16 (unclipped,
+/// or clipped to +-65504 for gradients) for the f16 variants; an f16 tensor
+/// cannot feed the f32 variant.
+pub(crate) fn gpu_operand(op: &'static str, t: &Tensor, variant: ConvVariant, clip: bool) -> Result<Tensor> {
+    match (t.dtype(), variant.f16_operands()) {
+        (DType::F32, true) => super::cast::cast_f16(t, clip),
+        (DType::F16, true) | (DType::F32, false) => Ok(t.clone()),
+        (DType::F16, false) => Err(AetherError::InvalidShape {
+            op,
+            shape: t.dims().to_vec(),
+            reason: format!("variant {} needs F32 operands, got F16", variant.name()),
+        }),
+    }
+}
+
+/// The values of a host tensor as f32 (f16 storage is widened).
+pub(crate) fn host_values(t: &Tensor) -> Result<Cow<'_, [f32]>> {
+    match t.host_f32() {
+        Some(v) => Ok(Cow::Borrowed(v)),
+        None => t.to_vec_f32().map(Cow::Owned),
+    }
+}
+
+/// The GPU buffer of an operand already checked to be on the GPU.
+pub(crate) fn buf(t: &Tensor) -> &wgpu::Buffer {
+    t.gpu_buffer().expect("operand checked to be on the GPU")
+}
+
+/// Checks that all tensors are on `first`'s device.
+pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
+    let first = tensors[0].device();
+    match tensors.iter().find(|t| !t.device().same_as(&first)) {
+        None => Ok(()),
+        Some(other) => Err(AetherError::DeviceMismatch {
+            op,
+            a: first.name(),
+            b: other.device().name(),
+        }),
+    }
+}
+
+/// Geometry constants and index helpers shared by every conv shader, prepended
+/// to each kernel's source.
+pub const SHADER_PRELUDE: &str = include_str!("../../shaders/conv/prelude.wgsl");
+/// The implicit im2col gather shared by forward and dweight.
+pub const IM2COL: &str = include_str!("../../shaders/conv/im2col.wgsl");
+/// The tiled-GEMM core shared by the portable kernels.
+pub const PORTABLE_GEMM: &str = include_str!("../../shaders/conv/portable_gemm.wgsl");
+
+/// Full WGSL for a kernel: `enable` lines for the variant, the operand type
+/// alias, the prelude, then the kernel's own parts.
+pub fn shader_source(variant: ConvVariant, parts: &[&str]) -> String {
+    let mut src = String::new();
+    if variant.f16_operands() {
+        src.push_str("enable f16;\nalias operand = f16;\n");
+    } else {
+        src.push_str("alias operand = f32;\n");
+    }
+    src.push_str(SHADER_PRELUDE);
+    for part in parts {
+        src.push('\n');
+        src.push_str(part);
+    }
+    src
+}
+
+/// The pipeline key of a conv kernel: kernel, variant and shape constants.
+pub fn pipeline_key(kernel: &'static str, variant: ConvVariant, meta: &ConvShapeMeta) -> PipelineKey {
+    let mut key = PipelineKey::new(kernel, variant.name());
+    key.constants.extend(meta.shape_constants());
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_padding_keeps_size_for_odd_filters_and_stride_divides() {
+        let m = ConvShapeMeta::new([2, 9, 7, 3], &ConvParams::new(8, 3, Padding::Same)).unwrap();
+        assert_eq!((m.h_out, m.w_out, m.m, m.k), (9, 7, 2 * 9 * 7, 27));
+        let p = ConvParams {
+            stride: (2, 1),
+            filter: (5, 3),
+            ..ConvParams::new(4, 1, Padding::Valid)
+        };
+        let m = ConvShapeMeta::new([1, 11, 6, 2], &p).unwrap();
+        assert_eq!((m.h_out, m.w_out), (4, 4));
+    }
+
+    #[test]
+    fn empty_output_and_zero_sizes_are_errors() {
+        let e = ConvShapeMeta::new([1, 2, 2, 3], &ConvParams::new(4, 5, Padding::Valid)).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+        assert!(ConvShapeMeta::new([1, 4, 4, 0], &ConvParams::new(4, 3, Padding::Same)).is_err());
+        assert!(ConvShapeMeta::new([1, 4, 4, 2], &ConvParams::new(0, 3, Padding::Same)).is_err());
+    }
+
+    #[test]
+    fn key_leaves_batch_out() {
+        let p = ConvParams::new(8, 3, Padding::Same);
+        let a = ConvShapeMeta::new([1, 8, 8, 3], &p).unwrap();
+        let b = ConvShapeMeta::new([7, 8, 8, 3], &p).unwrap();
+        assert_eq!(a.key(), b.key());
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,89 @@
+//! Input gradient: `dX` as a gather over the filter taps that reach each input
+//! position, one residue class of `(h + pad) mod stride` per dispatch slice. Every
+//! element of dX is written once: no atomics and no zero-fill.
+
+use rayon::prelude::*;
+
+use super::common::{
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta,
+    PORTABLE_GEMM, PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling,
+    gpu_operand, host_values, portable_grid, same_device,
+};
+use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
+use crate::error::Result;
+use crate::tensor::{DType, Shape, Tensor};
+
+const KERNEL: ConvKernel = ConvKernel {
+    name: "conv_dinput",
+    parts: &[include_str!("../../shaders/conv/dinput.wgsl"), PORTABLE_GEMM],
+};
+
+/// `dX[N, H, W, C_in]` of a convolution with weights `w[R, S, C_in, C_out]` whose
+/// output gradient is `dy`; `input_dims` is the forward input's NHWC shape.
+/// On the GPU, f32 `dy` is clipped to +-65504 and cast for the f16 variants.
+pub fn conv2d_dinput(
+    dy: &Tensor,
+    w: &Tensor,
+    input_dims: [usize; 4],
+    params: &ConvParams,
+    plans: &ConvPlans,
+) -> Result<Tensor> {
+    let meta = ConvShapeMeta::new(input_dims, params)?;
+    expect_dims("conv2d_dinput dvalues", dy, &meta.output_dims())?;
+    expect_dims("conv2d_dinput weight", w, &meta.weight_dims())?;
+    same_device("conv2d_dinput", &[dy, w])?;
+    let Some(ctx) = dy.gpu_context() else {
+        let dx = dinput_cpu(&meta, &host_values(dy)?, &host_values(w)?);
+        return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
+    };
+    let plan = plans.get_or_plan(ConvDirection::DInput, &meta, || {
+        let variant = first_compiling(ctx, plans, &KERNEL, &meta)?;
+        // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
+        let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
+        let classes = meta.stride_h * meta.stride_w;
+        Ok(ConvLaunchPlan {
+            variant,
+            tile_m: PORTABLE_TILE,
+            tile_n: PORTABLE_TILE,
+            tile_k: PORTABLE_TILE_K,
+            workgroups: portable_grid("conv_dinput", ctx, class_rows, meta.c_in, classes)?,
+            split_k: 1,
+        })
+    })?;
+    let pipeline = KERNEL
+        .pipeline(ctx, plan.variant, &meta)
+        .expect("planned variant compiled");
+    let dy_op = gpu_operand("conv2d_dinput dvalues", dy, plan.variant, true)?;
+    let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant, false)?;
+    let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims)?, DType::F32)?;
+    ctx.dispatch(
+        "conv_dinput",
+        &pipeline,
+        &[buf(&dy_op), buf(&w_op), buf(&dx)],
+        bytemuck::bytes_of(&(meta.n as u32)),
+        plan.workgroups,
+    )?;
+    Ok(dx)
+}
+
+/// The CPU reference: per image, `dcol = dY x W^T` then col2im, images in parallel.
+pub fn dinput_cpu(meta: &ConvShapeMeta, dy: &[f32], w: &[f32]) -> Vec<f32> {
+    let rows = rows_per_image(meta);
+    let image_in = meta.h * meta.w * meta.c_in;
+    let mut dx = vec![0.0; meta.n * image_in];
+    dx.par_chunks_mut(image_in)
+        .zip(dy.par_chunks(rows * meta.c_out))
+        .for_each_init(
+            || vec![0.0; rows * meta.k],
+            |col, (dx_img, dy_img)| {
+                gemm(
+                    &Mat::new(dy_img, rows, meta.c_out),
+                    &Mat::t(w, meta.k, meta.c_out),
+                    col,
+                    false,
+                );
+                col2im_add_image(meta, col, dx_img);
+            },
+        );
+    dx
+}

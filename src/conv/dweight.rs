@@ -1,0 +1,177 @@
+//! Weight gradient: `dW[K, C_out] = im2col(X)^T x dY`, with `dbias = sum(dY)`
+//! fused into the same GEMM (a row of ones) and split-K over the M reduction.
+//! Slices are summed by a second pass in a fixed order, so two runs on the same
+//! inputs give bit-identical weights on every backend (no float atomics).
+
+use rayon::prelude::*;
+
+use super::cast::conv_backward_cast_fp16;
+use super::common::{
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL,
+    PORTABLE_GEMM, PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling,
+    gpu_operand, host_values, portable_grid, same_device,
+};
+use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
+use crate::error::{AetherError, Result};
+use crate::gpu::{GpuCapabilities, flat_grid};
+use crate::tensor::{DType, Shape, Tensor};
+
+const KERNEL: ConvKernel = ConvKernel {
+    name: "conv_dweight",
+    parts: &[IM2COL, include_str!("../../shaders/conv/dweight.wgsl"), PORTABLE_GEMM],
+};
+const REDUCE: ConvKernel = ConvKernel {
+    name: "conv_dweight_reduce",
+    parts: &[include_str!("../../shaders/conv/dweight_reduce.wgsl")],
+};
+const REDUCE_WORKGROUP: u32 = 256;
+/// Images per partial sum on the CPU path: a fixed grouping keeps the CPU result
+/// independent of the thread count.
+const CPU_IMAGES_PER_PARTIAL: usize = 4;
+
+/// Compute units of the adapter, for split-K sizing. wgpu does not report them,
+/// so known parts are listed and others estimated from the device type.
+pub fn estimated_compute_units(caps: &GpuCapabilities) -> u32 {
+    let name = caps.adapter_name.to_ascii_uppercase();
+    let known = [("H200", 132), ("H100", 132), ("A100", 108), ("L40", 142), ("4090", 128)];
+    if let Some(&(_, units)) = known.iter().find(|(part, _)| name.contains(part)) {
+        return units;
+    }
+    match caps.device_type {
+        wgpu::DeviceType::DiscreteGpu => 64,
+        wgpu::DeviceType::Cpu => std::thread::available_parallelism()
+            .map(|n| n.get() as u32)
+            .unwrap_or(2),
+        _ => 16,
+    }
+}
+
+/// The seed's split-K rule: aim for `(4 if the 2-D grid is one workgroup else 2)`
+/// workgroups per compute unit, never more slices than reduction tiles.
+pub fn split_k(grid2d: u32, reduction_tiles: u32, compute_units: u32) -> u32 {
+    let target = if grid2d == 1 { 4 } else { 2 } * compute_units;
+    (target / grid2d.max(1)).clamp(1, reduction_tiles.max(1))
+}
+
+/// `(dW[R, S, C_in, C_out], dbias[C_out])` of a convolution of NHWC `x` whose
+/// output gradient is `dy`. On the GPU, f32 operands go through the fused
+/// backward cast (dy clipped to +-65504) for the f16 variants.
+pub fn conv2d_dweight(
+    x: &Tensor,
+    dy: &Tensor,
+    params: &ConvParams,
+    plans: &ConvPlans,
+) -> Result<(Tensor, Tensor)> {
+    let meta = ConvShapeMeta::new(x.shape().nhwc("conv2d_dweight input")?, params)?;
+    expect_dims("conv2d_dweight dvalues", dy, &meta.output_dims())?;
+    same_device("conv2d_dweight", &[x, dy])?;
+    let Some(ctx) = x.gpu_context() else {
+        let (dw, db) = dweight_cpu(&meta, &host_values(x)?, &host_values(dy)?);
+        let device = x.device();
+        return Ok((
+            Tensor::from_f32(meta.weight_dims().to_vec(), dw, &device)?,
+            Tensor::from_f32(vec![meta.c_out], db, &device)?,
+        ));
+    };
+    let plan = plans.get_or_plan(ConvDirection::DWeight, &meta, || {
+        let variant = first_compiling(ctx, plans, &KERNEL, &meta)?;
+        let rows = meta.k + 1;
+        let tiles = portable_grid("conv_dweight", ctx, rows, meta.c_out, 1)?;
+        let reduction_tiles = meta.m.div_ceil(PORTABLE_TILE_K as usize) as u32;
+        let mut split = split_k(tiles[0] * tiles[1], reduction_tiles, estimated_compute_units(ctx.caps()));
+        // The partial sums must fit one storage binding.
+        let slice_bytes = (rows * meta.c_out * 4) as u64;
+        let max_split = (ctx.caps().limits.max_storage_buffer_binding_size / slice_bytes).max(1);
+        split = split.min(max_split as u32);
+        Ok(ConvLaunchPlan {
+            variant,
+            tile_m: PORTABLE_TILE,
+            tile_n: PORTABLE_TILE,
+            tile_k: PORTABLE_TILE_K,
+            workgroups: [tiles[0], tiles[1], split],
+            split_k: split,
+        })
+    })?;
+    let pipeline = KERNEL
+        .pipeline(ctx, plan.variant, &meta)
+        .expect("planned variant compiled");
+    let reduce = REDUCE
+        .pipeline(ctx, plan.variant, &meta)
+        .ok_or_else(|| AetherError::NoKernelVariant {
+            kernel: REDUCE.name,
+            adapter: ctx.caps().adapter_name.clone(),
+        })?;
+    let (x_op, dy_op) = match (plan.variant.f16_operands(), x.dtype(), dy.dtype()) {
+        (true, DType::F32, DType::F32) => {
+            let (dy16, x16) = conv_backward_cast_fp16(dy, x)?;
+            (x16, dy16)
+        }
+        _ => (
+            gpu_operand("conv2d_dweight input", x, plan.variant, false)?,
+            gpu_operand("conv2d_dweight dvalues", dy, plan.variant, true)?,
+        ),
+    };
+    let per_slice = (meta.k + 1) * meta.c_out;
+    let split = plan.split_k as usize;
+    let partial = Tensor::uninit_gpu(ctx, Shape::new([split, per_slice])?, DType::F32)?;
+    let reduction_tiles = meta.m.div_ceil(PORTABLE_TILE_K as usize);
+    let slice_len = reduction_tiles.div_ceil(split) * PORTABLE_TILE_K as usize;
+    ctx.dispatch(
+        "conv_dweight",
+        &pipeline,
+        &[buf(&x_op), buf(&dy_op), buf(&partial)],
+        bytemuck::cast_slice(&[meta.n as u32, slice_len as u32]),
+        plan.workgroups,
+    )?;
+    let dw = Tensor::uninit_gpu(ctx, Shape::new(meta.weight_dims())?, DType::F32)?;
+    let db = Tensor::uninit_gpu(ctx, Shape::new([meta.c_out])?, DType::F32)?;
+    let (grid, row_stride) = flat_grid(
+        per_slice,
+        REDUCE_WORKGROUP,
+        ctx.caps().limits.max_compute_workgroups_per_dimension,
+    );
+    ctx.dispatch(
+        "conv_dweight_reduce",
+        &reduce,
+        &[buf(&partial), buf(&dw), buf(&db)],
+        bytemuck::cast_slice(&[split as u32, row_stride]),
+        grid,
+    )?;
+    Ok((dw, db))
+}
+
+/// The CPU reference: per group of images, im2col^T x dY; groups summed in order.
+pub fn dweight_cpu(meta: &ConvShapeMeta, x: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let rows = rows_per_image(meta);
+    let image_in = meta.h * meta.w * meta.c_in;
+    let image_out = rows * meta.c_out;
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = x
+        .par_chunks(image_in * CPU_IMAGES_PER_PARTIAL)
+        .zip(dy.par_chunks(image_out * CPU_IMAGES_PER_PARTIAL))
+        .map(|(xs, dys)| {
+            let mut col = vec![0.0; rows * meta.k];
+            let mut dw = vec![0.0; meta.k * meta.c_out];
+            let mut db = vec![0.0; meta.c_out];
+            for (x_img, dy_img) in xs.chunks(image_in).zip(dys.chunks(image_out)) {
+                im2col_image(meta, x_img, &mut col);
+                gemm(
+                    &Mat::t(&col, rows, meta.k),
+                    &Mat::new(dy_img, rows, meta.c_out),
+                    &mut dw,
+                    true,
+                );
+                for row in dy_img.chunks(meta.c_out) {
+                    db.iter_mut().zip(row).for_each(|(d, v)| *d += v);
+                }
+            }
+            (dw, db)
+        })
+        .collect();
+    let mut dw = vec![0.0; meta.k * meta.c_out];
+    let mut db = vec![0.0; meta.c_out];
+    for (pw, pb) in &partials {
+        dw.iter_mut().zip(pw).for_each(|(d, v)| *d += v);
+        db.iter_mut().zip(pb).for_each(|(d, v)| *d += v);
+    }
+    (dw, db)
+}

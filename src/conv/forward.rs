@@ -1,0 +1,93 @@
+//! Forward convolution: `Out[M, C_out] = im2col(X)[M, K] x W[K, C_out] + bias`.
+
+use rayon::prelude::*;
+
+use super::common::{
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL,
+    PORTABLE_GEMM, PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling,
+    gpu_operand, host_values, portable_grid, same_device,
+};
+use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
+use crate::error::{AetherError, Result};
+use crate::tensor::{DType, Shape, Tensor};
+
+const KERNEL: ConvKernel = ConvKernel {
+    name: "conv_forward",
+    parts: &[IM2COL, include_str!("../../shaders/conv/forward.wgsl"), PORTABLE_GEMM],
+};
+
+/// Convolves NHWC `x` with `w[R, S, C_in, C_out]` and adds `bias[C_out]`.
+/// On the GPU, f32 operands are cast to f16 for the f16 variants.
+pub fn conv2d_forward(
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+    params: &ConvParams,
+    plans: &ConvPlans,
+) -> Result<Tensor> {
+    let meta = ConvShapeMeta::new(x.shape().nhwc("conv2d_forward input")?, params)?;
+    expect_dims("conv2d_forward weight", w, &meta.weight_dims())?;
+    expect_dims("conv2d_forward bias", bias, &[meta.c_out])?;
+    same_device("conv2d_forward", &[x, w, bias])?;
+    if bias.dtype() != DType::F32 {
+        return Err(AetherError::InvalidShape {
+            op: "conv2d_forward bias",
+            shape: bias.dims().to_vec(),
+            reason: "bias must be F32".into(),
+        });
+    }
+    let Some(ctx) = x.gpu_context() else {
+        let out = forward_cpu(&meta, &host_values(x)?, &host_values(w)?, &host_values(bias)?);
+        return Tensor::from_f32(meta.output_dims().to_vec(), out, &x.device());
+    };
+    let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
+        let variant = first_compiling(ctx, plans, &KERNEL, &meta)?;
+        Ok(ConvLaunchPlan {
+            variant,
+            tile_m: PORTABLE_TILE,
+            tile_n: PORTABLE_TILE,
+            tile_k: PORTABLE_TILE_K,
+            workgroups: portable_grid("conv_forward", ctx, meta.m, meta.c_out, 1)?,
+            split_k: 1,
+        })
+    })?;
+    let pipeline = KERNEL
+        .pipeline(ctx, plan.variant, &meta)
+        .expect("planned variant compiled");
+    let x_op = gpu_operand("conv2d_forward input", x, plan.variant, false)?;
+    let w_op = gpu_operand("conv2d_forward weight", w, plan.variant, false)?;
+    let out = Tensor::uninit_gpu(ctx, Shape::new(meta.output_dims())?, DType::F32)?;
+    ctx.dispatch(
+        "conv_forward",
+        &pipeline,
+        &[buf(&x_op), buf(&w_op), buf(&bias), buf(&out)],
+        bytemuck::bytes_of(&(meta.n as u32)),
+        plan.workgroups,
+    )?;
+    Ok(out)
+}
+
+/// The CPU reference: im2col of each image and a GEMM, images in parallel.
+pub fn forward_cpu(meta: &ConvShapeMeta, x: &[f32], w: &[f32], bias: &[f32]) -> Vec<f32> {
+    let rows = rows_per_image(meta);
+    let image_in = meta.h * meta.w * meta.c_in;
+    let mut out = vec![0.0; meta.m * meta.c_out];
+    out.par_chunks_mut(rows * meta.c_out)
+        .zip(x.par_chunks(image_in))
+        .for_each_init(
+            || vec![0.0; rows * meta.k],
+            |col, (out_img, x_img)| {
+                im2col_image(meta, x_img, col);
+                for row in out_img.chunks_mut(meta.c_out) {
+                    row.copy_from_slice(bias);
+                }
+                gemm(
+                    &Mat::new(col, rows, meta.k),
+                    &Mat::new(w, meta.k, meta.c_out),
+                    out_img,
+                    true,
+                );
+            },
+        );
+    out
+}

@@ -1,0 +1,18 @@
+//! The convolution package: geometry and planning (`common`), the three GEMM
+//! directions (`forward`, `dweight`, `dinput`) and the fp16 casts (`cast`).
+//! WGSL sources live in `shaders/conv/`.
+
+pub mod cast;
+pub mod common;
+pub mod dinput;
+pub mod dweight;
+pub mod forward;
+mod im2col;
+
+pub use cast::{cast_f16, clip_f16_range, conv_backward_cast_fp16};
+pub use common::{
+    ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
+};
+pub use dinput::conv2d_dinput;
+pub use dweight::conv2d_dweight;
+pub use forward::conv2d_forward;
