@@ -34,18 +34,57 @@ fn cases() -> Vec<Case> {
         dilation,
     };
     vec![
-        Case { name: "1x1 same, batch 1", input: [1, 5, 7, 3], params: p(5, (1, 1), (1, 1), Padding::Same, (1, 1)) },
-        Case { name: "3x3 same, batch 7", input: [7, 6, 5, 3], params: p(10, (3, 3), (1, 1), Padding::Same, (1, 1)) },
-        Case { name: "5x3 valid", input: [2, 9, 8, 4], params: p(6, (5, 3), (1, 1), Padding::Valid, (1, 1)) },
-        Case { name: "3x3 stride 2 same", input: [3, 9, 9, 5], params: p(7, (3, 3), (2, 2), Padding::Same, (1, 1)) },
+        Case {
+            name: "1x1 same, batch 1",
+            input: [1, 5, 7, 3],
+            params: p(5, (1, 1), (1, 1), Padding::Same, (1, 1)),
+        },
+        Case {
+            name: "3x3 same, batch 7",
+            input: [7, 6, 5, 3],
+            params: p(10, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
+        Case {
+            name: "5x3 valid",
+            input: [2, 9, 8, 4],
+            params: p(6, (5, 3), (1, 1), Padding::Valid, (1, 1)),
+        },
+        Case {
+            name: "3x3 stride 2 same",
+            input: [3, 9, 9, 5],
+            params: p(7, (3, 3), (2, 2), Padding::Same, (1, 1)),
+        },
         Case {
             name: "3x3 stride (2,1) explicit",
             input: [2, 8, 7, 3],
-            params: p(4, (3, 3), (2, 1), Padding::Explicit { top: 1, bottom: 0, left: 2, right: 1 }, (1, 1)),
+            params: p(
+                4,
+                (3, 3),
+                (2, 1),
+                Padding::Explicit {
+                    top: 1,
+                    bottom: 0,
+                    left: 2,
+                    right: 1,
+                },
+                (1, 1),
+            ),
         },
-        Case { name: "3x3 dilation 2 stride 2", input: [1, 10, 9, 2], params: p(3, (3, 3), (2, 2), Padding::Same, (2, 2)) },
-        Case { name: "2x2 stride 3 valid (taps miss rows)", input: [2, 7, 8, 3], params: p(4, (2, 2), (3, 3), Padding::Valid, (1, 1)) },
-        Case { name: "3x3 same, tiles end mid-block", input: [1, 12, 11, 17], params: p(70, (3, 3), (1, 1), Padding::Same, (1, 1)) },
+        Case {
+            name: "3x3 dilation 2 stride 2",
+            input: [1, 10, 9, 2],
+            params: p(3, (3, 3), (2, 2), Padding::Same, (2, 2)),
+        },
+        Case {
+            name: "2x2 stride 3 valid (taps miss rows)",
+            input: [2, 7, 8, 3],
+            params: p(4, (2, 2), (3, 3), Padding::Valid, (1, 1)),
+        },
+        Case {
+            name: "3x3 same, tiles end mid-block",
+            input: [1, 12, 11, 17],
+            params: p(70, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
     ]
 }
 
@@ -56,7 +95,11 @@ fn variants(device: &Device) -> Vec<(String, ConvPlans, f64)> {
         Some(ctx) => ConvVariant::candidates(ctx.caps())
             .into_iter()
             .map(|v| {
-                let bound = if v.f16_operands() { F16_BOUND } else { F32_BOUND };
+                let bound = if v.f16_operands() {
+                    F16_BOUND
+                } else {
+                    F32_BOUND
+                };
                 (v.name().to_owned(), ConvPlans::forcing(v), bound)
             })
             .collect(),
@@ -67,72 +110,102 @@ fn tensor(dims: &[usize], data: &[f32], device: &Device) -> Tensor {
     Tensor::from_f32(dims.to_vec(), data.to_vec(), device).unwrap()
 }
 
-test_device!(all_directions_match_the_f64_direct_convolution, |device: &Device| {
-    let mut rng = Rng::fresh();
-    for case in cases() {
-        let meta = ConvShapeMeta::new(case.input, &case.params).unwrap();
-        let x = rng.vec(meta.n * meta.h * meta.w * meta.c_in);
-        let w = rng.vec(meta.k * meta.c_out);
-        let b = rng.vec(meta.c_out);
-        let dy = rng.vec(meta.m * meta.c_out);
-        let want_y = reference::forward(&meta, &x, &w, &b);
-        let (want_dw, want_db) = reference::dweight(&meta, &x, &dy);
-        let want_dx = reference::dinput(&meta, &dy, &w);
-        for (variant, plans, bound) in variants(device) {
-            let ctx = format!("{} [{variant}] seed {}", case.name, rng.seed);
-            let xt = tensor(&case.input, &x, device);
-            let wt = tensor(&meta.weight_dims(), &w, device);
-            let bt = tensor(&[meta.c_out], &b, device);
-            let dyt = tensor(&meta.output_dims(), &dy, device);
-            let y = conv2d_forward(&xt, &wt, &bt, &case.params, &plans).unwrap();
-            assert_eq!(y.dims(), meta.output_dims());
-            let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);
-            assert!(err <= bound, "forward {ctx}: error {err:e} > {bound:e}");
-            let (dw, db) = conv2d_dweight(&xt, &dyt, &case.params, &plans).unwrap();
-            let err = norm_rel_error(&dw.to_vec_f32().unwrap(), &want_dw);
-            assert!(err <= bound, "dweight {ctx}: error {err:e} > {bound:e}");
-            let err = norm_rel_error(&db.to_vec_f32().unwrap(), &want_db);
-            assert!(err <= bound, "dbias {ctx}: error {err:e} > {bound:e}");
-            let dx = conv2d_dinput(&dyt, &wt, case.input, &case.params, &plans).unwrap();
-            let err = norm_rel_error(&dx.to_vec_f32().unwrap(), &want_dx);
-            assert!(err <= bound, "dinput {ctx}: error {err:e} > {bound:e}");
+test_device!(
+    all_directions_match_the_f64_direct_convolution,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        for case in cases() {
+            let meta = ConvShapeMeta::new(case.input, &case.params).unwrap();
+            let x = rng.vec(meta.n * meta.h * meta.w * meta.c_in);
+            let w = rng.vec(meta.k * meta.c_out);
+            let b = rng.vec(meta.c_out);
+            let dy = rng.vec(meta.m * meta.c_out);
+            let want_y = reference::forward(&meta, &x, &w, &b);
+            let (want_dw, want_db) = reference::dweight(&meta, &x, &dy);
+            let want_dx = reference::dinput(&meta, &dy, &w);
+            for (variant, plans, bound) in variants(device) {
+                let ctx = format!("{} [{variant}] seed {}", case.name, rng.seed);
+                let xt = tensor(&case.input, &x, device);
+                let wt = tensor(&meta.weight_dims(), &w, device);
+                let bt = tensor(&[meta.c_out], &b, device);
+                let dyt = tensor(&meta.output_dims(), &dy, device);
+                let y = conv2d_forward(&xt, &wt, &bt, &case.params, &plans).unwrap();
+                assert_eq!(y.dims(), meta.output_dims());
+                let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);
+                assert!(err <= bound, "forward {ctx}: error {err:e} > {bound:e}");
+                let (dw, db) = conv2d_dweight(&xt, &dyt, &case.params, &plans).unwrap();
+                let err = norm_rel_error(&dw.to_vec_f32().unwrap(), &want_dw);
+                assert!(err <= bound, "dweight {ctx}: error {err:e} > {bound:e}");
+                let err = norm_rel_error(&db.to_vec_f32().unwrap(), &want_db);
+                assert!(err <= bound, "dbias {ctx}: error {err:e} > {bound:e}");
+                let dx = conv2d_dinput(&dyt, &wt, case.input, &case.params, &plans).unwrap();
+                let err = norm_rel_error(&dx.to_vec_f32().unwrap(), &want_dx);
+                assert!(err <= bound, "dinput {ctx}: error {err:e} > {bound:e}");
+            }
         }
     }
-});
+);
 
-test_device!(dweight_is_bit_identical_across_runs_with_split_k, |device: &Device| {
-    let mut rng = Rng::fresh();
-    let params = ConvParams::new(8, 3, Padding::Same);
-    let input = [4, 16, 16, 3];
-    let meta = ConvShapeMeta::new(input, &params).unwrap();
-    let x = tensor(&input, &rng.vec(4 * 16 * 16 * 3), device);
-    let dy = tensor(&meta.output_dims(), &rng.vec(meta.m * 8), device);
-    for (variant, plans, _) in variants(device) {
-        let (dw1, db1) = conv2d_dweight(&x, &dy, &params, &plans).unwrap();
-        let (dw2, db2) = conv2d_dweight(&x, &dy, &params, &plans).unwrap();
-        let bits = |t: &Tensor| t.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&dw1), bits(&dw2), "dW differs between runs [{variant}]");
-        assert_eq!(bits(&db1), bits(&db2), "dbias differs between runs [{variant}]");
-        if device.gpu_context().is_some() {
-            let split = plans
-                .summary()
-                .into_iter()
-                .find(|(d, _, _)| *d == ConvDirection::DWeight)
-                .map(|(_, _, p)| p.split_k)
-                .unwrap();
-            assert!(split > 1, "this shape should use split-K [{variant}], got {split}");
-            report(&format!("[aether-test] dweight split-K {split} [{variant}] is deterministic"));
+test_device!(
+    dweight_is_bit_identical_across_runs_with_split_k,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let params = ConvParams::new(8, 3, Padding::Same);
+        let input = [4, 16, 16, 3];
+        let meta = ConvShapeMeta::new(input, &params).unwrap();
+        let x = tensor(&input, &rng.vec(4 * 16 * 16 * 3), device);
+        let dy = tensor(&meta.output_dims(), &rng.vec(meta.m * 8), device);
+        for (variant, plans, _) in variants(device) {
+            let (dw1, db1) = conv2d_dweight(&x, &dy, &params, &plans).unwrap();
+            let (dw2, db2) = conv2d_dweight(&x, &dy, &params, &plans).unwrap();
+            let bits = |t: &Tensor| {
+                t.to_vec_f32()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(
+                bits(&dw1),
+                bits(&dw2),
+                "dW differs between runs [{variant}]"
+            );
+            assert_eq!(
+                bits(&db1),
+                bits(&db2),
+                "dbias differs between runs [{variant}]"
+            );
+            if device.gpu_context().is_some() {
+                let split = plans
+                    .summary()
+                    .into_iter()
+                    .find(|(d, _, _)| *d == ConvDirection::DWeight)
+                    .map(|(_, _, p)| p.split_k)
+                    .unwrap();
+                assert!(
+                    split > 1,
+                    "this shape should use split-K [{variant}], got {split}"
+                );
+                report(&format!(
+                    "[aether-test] dweight split-K {split} [{variant}] is deterministic"
+                ));
+            }
         }
     }
-});
+);
 
 test_device!(shape_errors_name_the_operand, |device: &Device| {
     let params = ConvParams::new(4, 3, Padding::Same);
     let x = tensor(&[1, 5, 5, 3], &Rng::fresh().vec(75), device);
     let bad_w = tensor(&[3, 3, 2, 4], &Rng::fresh().vec(72), device);
     let b = tensor(&[4], &[0.5, -0.5, 0.25, 1.0], device);
-    let err = conv2d_forward(&x, &bad_w, &b, &params, &ConvPlans::new()).unwrap_err().to_string();
-    assert!(err.contains("weight") && err.contains("[3, 3, 3, 4]") && err.contains("[3, 3, 2, 4]"), "{err}");
+    let err = conv2d_forward(&x, &bad_w, &b, &params, &ConvPlans::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("weight") && err.contains("[3, 3, 3, 4]") && err.contains("[3, 3, 2, 4]"),
+        "{err}"
+    );
     let flat = tensor(&[75], &Rng::fresh().vec(75), device);
     assert!(conv2d_forward(&flat, &bad_w, &b, &params, &ConvPlans::new()).is_err());
     let big_filter = ConvParams::new(4, 7, Padding::Valid);
@@ -158,38 +231,75 @@ fn finite_differences_agree_with_all_three_gradients_on_cpu() {
     let g = rng.vec(meta.m * 3);
     let plans = ConvPlans::new();
     let loss = |x: &[f32], w: &[f32], b: &[f32]| -> f64 {
-        let y = conv2d_forward(&tensor(&input, x, &device), &tensor(&meta.weight_dims(), w, &device), &tensor(&[3], b, &device), &params, &plans)
-            .unwrap()
-            .to_vec_f32()
-            .unwrap();
-        y.iter().zip(&g).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum()
+        let y = conv2d_forward(
+            &tensor(&input, x, &device),
+            &tensor(&meta.weight_dims(), w, &device),
+            &tensor(&[3], b, &device),
+            &params,
+            &plans,
+        )
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+        y.iter()
+            .zip(&g)
+            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+            .sum()
     };
     let gt = tensor(&meta.output_dims(), &g, &device);
-    let dx = conv2d_dinput(&gt, &tensor(&meta.weight_dims(), &w, &device), input, &params, &plans).unwrap().to_vec_f32().unwrap();
+    let dx = conv2d_dinput(
+        &gt,
+        &tensor(&meta.weight_dims(), &w, &device),
+        input,
+        &params,
+        &plans,
+    )
+    .unwrap()
+    .to_vec_f32()
+    .unwrap();
     let (dw, db) = conv2d_dweight(&tensor(&input, &x, &device), &gt, &params, &plans).unwrap();
     let (dw, db) = (dw.to_vec_f32().unwrap(), db.to_vec_f32().unwrap());
     let eps = 0.5f32;
     let check = |name: &str, analytic: f32, plus: f64, minus: f64| {
         let numeric = (plus - minus) / (2.0 * f64::from(eps));
         let tol = 1e-3 * (1.0 + numeric.abs());
-        assert!((f64::from(analytic) - numeric).abs() <= tol, "{name}: analytic {analytic} vs numeric {numeric} (seed {})", rng.seed);
+        assert!(
+            (f64::from(analytic) - numeric).abs() <= tol,
+            "{name}: analytic {analytic} vs numeric {numeric} (seed {})",
+            rng.seed
+        );
     };
     for i in (0..x.len()).step_by(7) {
         let (mut xp, mut xm) = (x.clone(), x.clone());
         xp[i] += eps;
         xm[i] -= eps;
-        check(&format!("dx[{i}]"), dx[i], loss(&xp, &w, &b), loss(&xm, &w, &b));
+        check(
+            &format!("dx[{i}]"),
+            dx[i],
+            loss(&xp, &w, &b),
+            loss(&xm, &w, &b),
+        );
     }
     for i in (0..w.len()).step_by(5) {
         let (mut wp, mut wm) = (w.clone(), w.clone());
         wp[i] += eps;
         wm[i] -= eps;
-        check(&format!("dw[{i}]"), dw[i], loss(&x, &wp, &b), loss(&x, &wm, &b));
+        check(
+            &format!("dw[{i}]"),
+            dw[i],
+            loss(&x, &wp, &b),
+            loss(&x, &wm, &b),
+        );
     }
     for i in 0..3 {
         let (mut bp, mut bm) = (b.clone(), b.clone());
         bp[i] += eps;
         bm[i] -= eps;
-        check(&format!("db[{i}]"), db[i], loss(&x, &w, &bp), loss(&x, &w, &bm));
+        check(
+            &format!("db[{i}]"),
+            db[i],
+            loss(&x, &w, &bp),
+            loss(&x, &w, &bm),
+        );
     }
 }

@@ -19,7 +19,11 @@ const WORKGROUP: u32 = 256;
 
 /// `xp.clip(x, -65504, 65504)`: NaN stays NaN, infinities clamp.
 pub fn clip_f16_range(x: f32) -> f32 {
-    if x.is_nan() { x } else { x.clamp(-65504.0, 65504.0) }
+    if x.is_nan() {
+        x
+    } else {
+        x.clamp(-65504.0, 65504.0)
+    }
 }
 
 fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
@@ -38,8 +42,15 @@ fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
 pub fn cast_f16(x: &Tensor, clip: bool) -> Result<Tensor> {
     require_f32("cast_f16", x)?;
     if let Some(data) = x.host_f32() {
-        let prepare = if clip { clip_f16_range } else { std::convert::identity };
-        let out = data.par_iter().map(|&v| f16::from_f32(prepare(v))).collect();
+        let prepare = if clip {
+            clip_f16_range
+        } else {
+            std::convert::identity
+        };
+        let out = data
+            .par_iter()
+            .map(|&v| f16::from_f32(prepare(v)))
+            .collect();
         return Tensor::from_f16(x.dims().to_vec(), out, &x.device());
     }
     let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
@@ -95,7 +106,12 @@ pub fn conv_backward_cast_fp16(dvalues: &Tensor, inputs: &Tensor) -> Result<(Ten
     ctx.dispatch(
         "conv_backward_cast_fp16",
         &pipeline,
-        &[gpu(dvalues), gpu(inputs), gpu(&dvalues_f16), gpu(&inputs_f16)],
+        &[
+            gpu(dvalues),
+            gpu(inputs),
+            gpu(&dvalues_f16),
+            gpu(&inputs_f16),
+        ],
         bytemuck::cast_slice(&params),
         grid,
     )?;

@@ -102,7 +102,21 @@ impl ConvShapeMeta {
             shape: input.to_vec(),
             reason,
         };
-        if [n, h, w, c_in, params.c_out, r, s, stride_h, stride_w, dil_h, dil_w].contains(&0) {
+        if [
+            n,
+            h,
+            w,
+            c_in,
+            params.c_out,
+            r,
+            s,
+            stride_h,
+            stride_w,
+            dil_h,
+            dil_w,
+        ]
+        .contains(&0)
+        {
             return Err(invalid(format!(
                 "sizes, channels, filter {:?}, stride {:?} and dilation {:?} must all be >= 1 \
                  (c_out {})",
@@ -132,11 +146,18 @@ impl ConvShapeMeta {
         }
         let h_out = (padded_h - span_h) / stride_h + 1;
         let w_out = (padded_w - span_w) / stride_w + 1;
-        let too_big = [n * h_out * w_out, r * s * c_in, n * h * w * c_in, r * s * c_in * params.c_out]
-            .iter()
-            .any(|&v| v > u32::MAX as usize / 2);
+        let too_big = [
+            n * h_out * w_out,
+            r * s * c_in,
+            n * h * w * c_in,
+            r * s * c_in * params.c_out,
+        ]
+        .iter()
+        .any(|&v| v > u32::MAX as usize / 2);
         if too_big {
-            return Err(invalid("exceeds the 2^31 element range of the kernels' indices".into()));
+            return Err(invalid(
+                "exceeds the 2^31 element range of the kernels' indices".into(),
+            ));
         }
         Ok(Self {
             n,
@@ -326,7 +347,12 @@ impl ConvPlans {
         plan: impl FnOnce() -> Result<ConvLaunchPlan>,
     ) -> Result<ConvLaunchPlan> {
         let key = (direction, *meta);
-        if let Some(p) = self.plans.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        if let Some(p) = self
+            .plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
             return Ok(*p);
         }
         let made = plan()?;
@@ -362,7 +388,13 @@ pub(crate) fn first_compiling(
 }
 
 /// Portable-kernel workgroups over a `rows x cols` output with `z` slices.
-pub(crate) fn portable_grid(what: &str, ctx: &GpuContext, rows: usize, cols: usize, z: usize) -> Result<[u32; 3]> {
+pub(crate) fn portable_grid(
+    what: &str,
+    ctx: &GpuContext,
+    rows: usize,
+    cols: usize,
+    z: usize,
+) -> Result<[u32; 3]> {
     let grid = [
         rows.div_ceil(PORTABLE_TILE as usize),
         cols.div_ceil(PORTABLE_TILE as usize),
@@ -395,7 +427,12 @@ pub(crate) fn expect_dims(op: &'static str, t: &Tensor, dims: &[usize]) -> Resul
 /// `t` in the operand type of `variant`: f32 inputs are cast to f16 (unclipped,
 /// or clipped to +-65504 for gradients) for the f16 variants; an f16 tensor
 /// cannot feed the f32 variant.
-pub(crate) fn gpu_operand(op: &'static str, t: &Tensor, variant: ConvVariant, clip: bool) -> Result<Tensor> {
+pub(crate) fn gpu_operand(
+    op: &'static str,
+    t: &Tensor,
+    variant: ConvVariant,
+    clip: bool,
+) -> Result<Tensor> {
     match (t.dtype(), variant.f16_operands()) {
         (DType::F32, true) => super::cast::cast_f16(t, clip),
         (DType::F16, true) | (DType::F32, false) => Ok(t.clone()),
@@ -459,7 +496,11 @@ pub fn shader_source(variant: ConvVariant, parts: &[&str]) -> String {
 }
 
 /// The pipeline key of a conv kernel: kernel, variant and shape constants.
-pub fn pipeline_key(kernel: &'static str, variant: ConvVariant, meta: &ConvShapeMeta) -> PipelineKey {
+pub fn pipeline_key(
+    kernel: &'static str,
+    variant: ConvVariant,
+    meta: &ConvShapeMeta,
+) -> PipelineKey {
     let mut key = PipelineKey::new(kernel, variant.name());
     key.constants.extend(meta.shape_constants());
     key
@@ -484,7 +525,8 @@ mod tests {
 
     #[test]
     fn empty_output_and_zero_sizes_are_errors() {
-        let e = ConvShapeMeta::new([1, 2, 2, 3], &ConvParams::new(4, 5, Padding::Valid)).unwrap_err();
+        let e =
+            ConvShapeMeta::new([1, 2, 2, 3], &ConvParams::new(4, 5, Padding::Valid)).unwrap_err();
         assert!(e.to_string().contains("empty"), "{e}");
         assert!(ConvShapeMeta::new([1, 4, 4, 0], &ConvParams::new(4, 3, Padding::Same)).is_err());
         assert!(ConvShapeMeta::new([1, 4, 4, 2], &ConvParams::new(0, 3, Padding::Same)).is_err());

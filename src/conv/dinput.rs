@@ -5,9 +5,9 @@
 use rayon::prelude::*;
 
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta,
-    PORTABLE_GEMM, PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling,
-    gpu_operand, host_values, portable_grid, same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, PORTABLE_GEMM,
+    PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling, gpu_operand, host_values,
+    portable_grid, same_device,
 };
 use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
 use crate::error::Result;
@@ -15,7 +15,10 @@ use crate::tensor::{DType, Shape, Tensor};
 
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_dinput",
-    parts: &[include_str!("../../shaders/conv/dinput.wgsl"), PORTABLE_GEMM],
+    parts: &[
+        include_str!("../../shaders/conv/dinput.wgsl"),
+        PORTABLE_GEMM,
+    ],
 };
 
 /// `dX[N, H, W, C_in]` of a convolution with weights `w[R, S, C_in, C_out]` whose

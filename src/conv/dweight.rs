@@ -8,8 +8,8 @@ use rayon::prelude::*;
 use super::cast::conv_backward_cast_fp16;
 use super::common::{
     ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL,
-    PORTABLE_GEMM, PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling,
-    gpu_operand, host_values, portable_grid, same_device,
+    PORTABLE_GEMM, PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling, gpu_operand,
+    host_values, portable_grid, same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -18,7 +18,11 @@ use crate::tensor::{DType, Shape, Tensor};
 
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_dweight",
-    parts: &[IM2COL, include_str!("../../shaders/conv/dweight.wgsl"), PORTABLE_GEMM],
+    parts: &[
+        IM2COL,
+        include_str!("../../shaders/conv/dweight.wgsl"),
+        PORTABLE_GEMM,
+    ],
 };
 const REDUCE: ConvKernel = ConvKernel {
     name: "conv_dweight_reduce",
@@ -33,7 +37,13 @@ const CPU_IMAGES_PER_PARTIAL: usize = 4;
 /// so known parts are listed and others estimated from the device type.
 pub fn estimated_compute_units(caps: &GpuCapabilities) -> u32 {
     let name = caps.adapter_name.to_ascii_uppercase();
-    let known = [("H200", 132), ("H100", 132), ("A100", 108), ("L40", 142), ("4090", 128)];
+    let known = [
+        ("H200", 132),
+        ("H100", 132),
+        ("A100", 108),
+        ("L40", 142),
+        ("4090", 128),
+    ];
     if let Some(&(_, units)) = known.iter().find(|(part, _)| name.contains(part)) {
         return units;
     }
@@ -78,7 +88,11 @@ pub fn conv2d_dweight(
         let rows = meta.k + 1;
         let tiles = portable_grid("conv_dweight", ctx, rows, meta.c_out, 1)?;
         let reduction_tiles = meta.m.div_ceil(PORTABLE_TILE_K as usize) as u32;
-        let mut split = split_k(tiles[0] * tiles[1], reduction_tiles, estimated_compute_units(ctx.caps()));
+        let mut split = split_k(
+            tiles[0] * tiles[1],
+            reduction_tiles,
+            estimated_compute_units(ctx.caps()),
+        );
         // The partial sums must fit one storage binding.
         let slice_bytes = (rows * meta.c_out * 4) as u64;
         let max_split = (ctx.caps().limits.max_storage_buffer_binding_size / slice_bytes).max(1);
@@ -95,12 +109,13 @@ pub fn conv2d_dweight(
     let pipeline = KERNEL
         .pipeline(ctx, plan.variant, &meta)
         .expect("planned variant compiled");
-    let reduce = REDUCE
-        .pipeline(ctx, plan.variant, &meta)
-        .ok_or_else(|| AetherError::NoKernelVariant {
-            kernel: REDUCE.name,
-            adapter: ctx.caps().adapter_name.clone(),
-        })?;
+    let reduce =
+        REDUCE
+            .pipeline(ctx, plan.variant, &meta)
+            .ok_or_else(|| AetherError::NoKernelVariant {
+                kernel: REDUCE.name,
+                adapter: ctx.caps().adapter_name.clone(),
+            })?;
     let (x_op, dy_op) = match (plan.variant.f16_operands(), x.dtype(), dy.dtype()) {
         (true, DType::F32, DType::F32) => {
             let (dy16, x16) = conv_backward_cast_fp16(dy, x)?;

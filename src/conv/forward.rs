@@ -4,8 +4,8 @@ use rayon::prelude::*;
 
 use super::common::{
     ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL,
-    PORTABLE_GEMM, PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling,
-    gpu_operand, host_values, portable_grid, same_device,
+    PORTABLE_GEMM, PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling, gpu_operand,
+    host_values, portable_grid, same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -13,7 +13,11 @@ use crate::tensor::{DType, Shape, Tensor};
 
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_forward",
-    parts: &[IM2COL, include_str!("../../shaders/conv/forward.wgsl"), PORTABLE_GEMM],
+    parts: &[
+        IM2COL,
+        include_str!("../../shaders/conv/forward.wgsl"),
+        PORTABLE_GEMM,
+    ],
 };
 
 /// Convolves NHWC `x` with `w[R, S, C_in, C_out]` and adds `bias[C_out]`.
@@ -37,7 +41,12 @@ pub fn conv2d_forward(
         });
     }
     let Some(ctx) = x.gpu_context() else {
-        let out = forward_cpu(&meta, &host_values(x)?, &host_values(w)?, &host_values(bias)?);
+        let out = forward_cpu(
+            &meta,
+            &host_values(x)?,
+            &host_values(w)?,
+            &host_values(bias)?,
+        );
         return Tensor::from_f32(meta.output_dims().to_vec(), out, &x.device());
     };
     let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
@@ -60,7 +69,7 @@ pub fn conv2d_forward(
     ctx.dispatch(
         "conv_forward",
         &pipeline,
-        &[buf(&x_op), buf(&w_op), buf(&bias), buf(&out)],
+        &[buf(&x_op), buf(&w_op), buf(bias), buf(&out)],
         bytemuck::bytes_of(&(meta.n as u32)),
         plan.workgroups,
     )?;

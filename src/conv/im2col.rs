@@ -21,7 +21,8 @@ fn for_each_tap(meta: &ConvShapeMeta, mut f: impl FnMut(usize, usize, usize, usi
                     continue;
                 }
                 for s in 0..meta.s {
-                    let iw = (ow * meta.stride_w + s * meta.dil_w) as isize - meta.pad_left as isize;
+                    let iw =
+                        (ow * meta.stride_w + s * meta.dil_w) as isize - meta.pad_left as isize;
                     if iw < 0 || iw >= meta.w as isize {
                         continue;
                     }
@@ -65,12 +66,22 @@ pub(crate) struct Mat<'a> {
 
 impl<'a> Mat<'a> {
     pub fn new(data: &'a [f32], rows: usize, cols: usize) -> Self {
-        Self { data, rows, cols, transposed: false }
+        Self {
+            data,
+            rows,
+            cols,
+            transposed: false,
+        }
     }
 
     /// The transpose of a row-major `cols x rows` matrix stored in `data`.
     pub fn t(data: &'a [f32], stored_rows: usize, stored_cols: usize) -> Self {
-        Self { data, rows: stored_cols, cols: stored_rows, transposed: true }
+        Self {
+            data,
+            rows: stored_cols,
+            cols: stored_rows,
+            transposed: true,
+        }
     }
 
     fn strides(&self) -> (isize, isize) {

@@ -92,6 +92,9 @@ pub fn norm_rel_error(got: &[f32], want: &[f64]) -> f64 {
         diff += (f64::from(g) - w).powi(2);
         norm += w * w;
     }
-    assert!(norm > 0.0, "reference is all zeros: the test would prove nothing");
+    assert!(
+        norm > 0.0,
+        "reference is all zeros: the test would prove nothing"
+    );
     (diff / norm).sqrt()
 }
