@@ -232,6 +232,9 @@ impl ConvShapeMeta {
 /// A kernel implementation, in the planner's order of preference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ConvVariant {
+    /// Cooperative-matrix f16 x f16 -> f32 with square tiles of this size
+    /// (8 or 16, from `cooperative_matrix_properties()`).
+    Coop { tile: u32 },
     /// Tiled GEMM reading f16 operands, accumulating in f32.
     PortableF16,
     /// Tiled GEMM in f32, for adapters without SHADER_F16.
@@ -241,6 +244,8 @@ pub enum ConvVariant {
 impl ConvVariant {
     pub fn name(self) -> &'static str {
         match self {
+            Self::Coop { tile: 16 } => "coop16",
+            Self::Coop { .. } => "coop8",
             Self::PortableF16 => "portable_f16",
             Self::PortableF32 => "portable_f32",
         }
@@ -255,10 +260,41 @@ impl ConvVariant {
     pub fn candidates(caps: &GpuCapabilities) -> Vec<Self> {
         let mut out = Vec::new();
         if caps.shader_f16 {
+            if let Some(tile) = caps.coop_f16_f32_tile()
+                && coop_fits(caps, tile)
+            {
+                out.push(Self::Coop { tile });
+            }
             out.push(Self::PortableF16);
         }
         out.push(Self::PortableF32);
         out
+    }
+}
+
+/// Whether the cooperative-matrix core can run at `tile` on this adapter: it
+/// needs one fixed subgroup size (the workgroup is 4 subgroups) and room for its
+/// workgroup staging buffers.
+fn coop_fits(caps: &GpuCapabilities, tile: u32) -> bool {
+    let Some((min, max)) = caps.subgroup_size else {
+        return false;
+    };
+    let (bm, bk) = (4 * tile, 2 * tile);
+    let staging = bm * bk * 2 * 2 + bm * bm * 4;
+    min == max
+        && 4 * max <= caps.limits.max_compute_invocations_per_workgroup
+        && staging <= caps.limits.max_compute_workgroup_storage_size
+}
+
+impl ConvVariant {
+    /// Output rows and columns per workgroup, and the reduction depth per step.
+    pub fn block(self) -> (u32, u32, u32) {
+        match self {
+            Self::Coop { tile } => (4 * tile, 4 * tile, 2 * tile),
+            Self::PortableF16 | Self::PortableF32 => {
+                (PORTABLE_TILE, PORTABLE_TILE, PORTABLE_TILE_K)
+            }
+        }
     }
 }
 
@@ -288,10 +324,12 @@ pub enum ConvDirection {
     DInput,
 }
 
-/// One conv kernel: its name and the WGSL parts after the prelude.
+/// One conv kernel: its name, the WGSL parts after the prelude, and whether it
+/// is a GEMM (then the variant's GEMM core is appended).
 pub(crate) struct ConvKernel {
     pub name: &'static str,
     pub parts: &'static [&'static str],
+    pub gemm: bool,
 }
 
 impl ConvKernel {
@@ -303,10 +341,24 @@ impl ConvKernel {
         variant: ConvVariant,
         meta: &ConvShapeMeta,
     ) -> Option<Arc<wgpu::ComputePipeline>> {
+        let mut key = pipeline_key(self.name, variant, meta);
+        let mut parts = self.parts.to_vec();
+        let coop_core;
+        if self.gemm {
+            match variant {
+                ConvVariant::Coop { tile } => {
+                    let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
+                    key = key.with("SUBGROUP", subgroup);
+                    coop_core = COOP_GEMM
+                        .replace("coop_matTxT", &format!("coop_mat{tile}x{tile}"))
+                        .replace("TILE_SIZEu", &format!("{tile}u"));
+                    parts.push(&coop_core);
+                }
+                ConvVariant::PortableF16 | ConvVariant::PortableF32 => parts.push(PORTABLE_GEMM),
+            }
+        }
         ctx.pipelines()
-            .get_or_create(&pipeline_key(self.name, variant, meta), "main", || {
-                shader_source(variant, self.parts).into()
-            })
+            .get_or_create(&key, "main", || shader_source(variant, &parts).into())
     }
 }
 
@@ -387,23 +439,21 @@ pub(crate) fn first_compiling(
         })
 }
 
-/// Portable-kernel workgroups over a `rows x cols` output with `z` slices.
-pub(crate) fn portable_grid(
+/// Workgroups of `variant`'s GEMM over a `rows x cols` output with `z` slices.
+pub(crate) fn gemm_grid(
     what: &str,
     ctx: &GpuContext,
+    variant: ConvVariant,
     rows: usize,
     cols: usize,
     z: usize,
 ) -> Result<[u32; 3]> {
-    let grid = [
-        rows.div_ceil(PORTABLE_TILE as usize),
-        cols.div_ceil(PORTABLE_TILE as usize),
-        z,
-    ];
+    let (bm, bn, _) = variant.block();
+    let grid = [rows.div_ceil(bm as usize), cols.div_ceil(bn as usize), z];
     let limit = ctx.caps().limits.max_compute_workgroups_per_dimension as usize;
     if let Some(&too_many) = grid.iter().find(|&&g| g > limit) {
         return Err(AetherError::TooLarge {
-            what: format!("{what}: grid {grid:?} of {PORTABLE_TILE}x{PORTABLE_TILE} tiles"),
+            what: format!("{what}: grid {grid:?} of {bm}x{bn} blocks"),
             bytes: too_many as u64,
             limit: limit as u64,
         });
@@ -470,23 +520,43 @@ pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
     }
 }
 
+impl ConvLaunchPlan {
+    /// A plan for `variant`, its tile sizes filled in from the variant's block.
+    pub fn new(variant: ConvVariant, workgroups: [u32; 3], split_k: u32) -> Self {
+        let (tile_m, tile_n, tile_k) = variant.block();
+        Self {
+            variant,
+            tile_m,
+            tile_n,
+            tile_k,
+            workgroups,
+            split_k,
+        }
+    }
+}
+
 /// Geometry constants and index helpers shared by every conv shader, prepended
 /// to each kernel's source.
 pub const SHADER_PRELUDE: &str = include_str!("../../shaders/conv/prelude.wgsl");
 /// The implicit im2col gather shared by forward and dweight.
-pub const IM2COL: &str = include_str!("../../shaders/conv/im2col.wgsl");
+pub(crate) const IM2COL: &str = include_str!("../../shaders/conv/im2col.wgsl");
 /// The tiled-GEMM core shared by the portable kernels.
-pub const PORTABLE_GEMM: &str = include_str!("../../shaders/conv/portable_gemm.wgsl");
+pub(crate) const PORTABLE_GEMM: &str = include_str!("../../shaders/conv/portable_gemm.wgsl");
+/// The cooperative-matrix GEMM core (`coop_matTxT` and `TILE_SIZEu` filled in per tile).
+pub(crate) const COOP_GEMM: &str = include_str!("../../shaders/conv/coop_gemm.wgsl");
 
 /// Full WGSL for a kernel: `enable` lines for the variant, the operand type
 /// alias, the prelude, then the kernel's own parts.
 pub fn shader_source(variant: ConvVariant, parts: &[&str]) -> String {
     let mut src = String::new();
     if variant.f16_operands() {
-        src.push_str("enable f16;\nalias operand = f16;\n");
-    } else {
-        src.push_str("alias operand = f32;\n");
+        src.push_str("enable f16;\n");
     }
+    if matches!(variant, ConvVariant::Coop { .. }) {
+        src.push_str("enable wgpu_cooperative_matrix;\n");
+    }
+    let operand = if variant.f16_operands() { "f16" } else { "f32" };
+    src.push_str(&format!("alias operand = {operand};\n"));
     src.push_str(SHADER_PRELUDE);
     for part in parts {
         src.push('\n');

@@ -5,9 +5,8 @@
 use rayon::prelude::*;
 
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, PORTABLE_GEMM,
-    PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling, gpu_operand, host_values,
-    portable_grid, same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, buf,
+    expect_dims, first_compiling, gemm_grid, gpu_operand, host_values, same_device,
 };
 use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
 use crate::error::Result;
@@ -15,10 +14,8 @@ use crate::tensor::{DType, Shape, Tensor};
 
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_dinput",
-    parts: &[
-        include_str!("../../shaders/conv/dinput.wgsl"),
-        PORTABLE_GEMM,
-    ],
+    parts: &[include_str!("../../shaders/conv/dinput.wgsl")],
+    gemm: true,
 };
 
 /// `dX[N, H, W, C_in]` of a convolution with weights `w[R, S, C_in, C_out]` whose
@@ -44,14 +41,11 @@ pub fn conv2d_dinput(
         // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
         let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
         let classes = meta.stride_h * meta.stride_w;
-        Ok(ConvLaunchPlan {
+        Ok(ConvLaunchPlan::new(
             variant,
-            tile_m: PORTABLE_TILE,
-            tile_n: PORTABLE_TILE,
-            tile_k: PORTABLE_TILE_K,
-            workgroups: portable_grid("conv_dinput", ctx, class_rows, meta.c_in, classes)?,
-            split_k: 1,
-        })
+            gemm_grid("conv_dinput", ctx, variant, class_rows, meta.c_in, classes)?,
+            1,
+        ))
     })?;
     let pipeline = KERNEL
         .pipeline(ctx, plan.variant, &meta)

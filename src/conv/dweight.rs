@@ -7,9 +7,8 @@ use rayon::prelude::*;
 
 use super::cast::conv_backward_cast_fp16;
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL,
-    PORTABLE_GEMM, PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling, gpu_operand,
-    host_values, portable_grid, same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL, buf,
+    expect_dims, first_compiling, gemm_grid, gpu_operand, host_values, same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -18,15 +17,13 @@ use crate::tensor::{DType, Shape, Tensor};
 
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_dweight",
-    parts: &[
-        IM2COL,
-        include_str!("../../shaders/conv/dweight.wgsl"),
-        PORTABLE_GEMM,
-    ],
+    parts: &[IM2COL, include_str!("../../shaders/conv/dweight.wgsl")],
+    gemm: true,
 };
 const REDUCE: ConvKernel = ConvKernel {
     name: "conv_dweight_reduce",
     parts: &[include_str!("../../shaders/conv/dweight_reduce.wgsl")],
+    gemm: false,
 };
 const REDUCE_WORKGROUP: u32 = 256;
 /// Images per partial sum on the CPU path: a fixed grouping keeps the CPU result
@@ -86,8 +83,9 @@ pub fn conv2d_dweight(
     let plan = plans.get_or_plan(ConvDirection::DWeight, &meta, || {
         let variant = first_compiling(ctx, plans, &KERNEL, &meta)?;
         let rows = meta.k + 1;
-        let tiles = portable_grid("conv_dweight", ctx, rows, meta.c_out, 1)?;
-        let reduction_tiles = meta.m.div_ceil(PORTABLE_TILE_K as usize) as u32;
+        let tiles = gemm_grid("conv_dweight", ctx, variant, rows, meta.c_out, 1)?;
+        let tile_k = variant.block().2 as usize;
+        let reduction_tiles = meta.m.div_ceil(tile_k) as u32;
         let mut split = split_k(
             tiles[0] * tiles[1],
             reduction_tiles,
@@ -97,14 +95,11 @@ pub fn conv2d_dweight(
         let slice_bytes = (rows * meta.c_out * 4) as u64;
         let max_split = (ctx.caps().limits.max_storage_buffer_binding_size / slice_bytes).max(1);
         split = split.min(max_split as u32);
-        Ok(ConvLaunchPlan {
+        Ok(ConvLaunchPlan::new(
             variant,
-            tile_m: PORTABLE_TILE,
-            tile_n: PORTABLE_TILE,
-            tile_k: PORTABLE_TILE_K,
-            workgroups: [tiles[0], tiles[1], split],
-            split_k: split,
-        })
+            [tiles[0], tiles[1], split],
+            split,
+        ))
     })?;
     let pipeline = KERNEL
         .pipeline(ctx, plan.variant, &meta)
@@ -129,8 +124,8 @@ pub fn conv2d_dweight(
     let per_slice = (meta.k + 1) * meta.c_out;
     let split = plan.split_k as usize;
     let partial = Tensor::uninit_gpu(ctx, Shape::new([split, per_slice])?, DType::F32)?;
-    let reduction_tiles = meta.m.div_ceil(PORTABLE_TILE_K as usize);
-    let slice_len = reduction_tiles.div_ceil(split) * PORTABLE_TILE_K as usize;
+    let tile_k = plan.tile_k as usize;
+    let slice_len = meta.m.div_ceil(tile_k).div_ceil(split) * tile_k;
     ctx.dispatch(
         "conv_dweight",
         &pipeline,

@@ -3,9 +3,8 @@
 use rayon::prelude::*;
 
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL,
-    PORTABLE_GEMM, PORTABLE_TILE, PORTABLE_TILE_K, buf, expect_dims, first_compiling, gpu_operand,
-    host_values, portable_grid, same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL, buf,
+    expect_dims, first_compiling, gemm_grid, gpu_operand, host_values, same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -13,11 +12,8 @@ use crate::tensor::{DType, Shape, Tensor};
 
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_forward",
-    parts: &[
-        IM2COL,
-        include_str!("../../shaders/conv/forward.wgsl"),
-        PORTABLE_GEMM,
-    ],
+    parts: &[IM2COL, include_str!("../../shaders/conv/forward.wgsl")],
+    gemm: true,
 };
 
 /// Convolves NHWC `x` with `w[R, S, C_in, C_out]` and adds `bias[C_out]`.
@@ -51,14 +47,11 @@ pub fn conv2d_forward(
     };
     let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
         let variant = first_compiling(ctx, plans, &KERNEL, &meta)?;
-        Ok(ConvLaunchPlan {
+        Ok(ConvLaunchPlan::new(
             variant,
-            tile_m: PORTABLE_TILE,
-            tile_n: PORTABLE_TILE,
-            tile_k: PORTABLE_TILE_K,
-            workgroups: portable_grid("conv_forward", ctx, meta.m, meta.c_out, 1)?,
-            split_k: 1,
-        })
+            gemm_grid("conv_forward", ctx, variant, meta.m, meta.c_out, 1)?,
+            1,
+        ))
     })?;
     let pipeline = KERNEL
         .pipeline(ctx, plan.variant, &meta)

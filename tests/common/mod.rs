@@ -2,7 +2,8 @@
 //! GPU adapter is present (lavapipe in CI), in the manner of candle's `test_device!`.
 //!
 //! With no adapter the GPU case prints a visible `SKIP` line; with
-//! `AETHER_REQUIRE_GPU=1` (set by CI) a missing adapter fails the test instead.
+//! `AETHER_REQUIRE_GPU=1` (set by CI) a missing adapter fails the test instead,
+//! and with `AETHER_REQUIRE_COOP=1` so does an adapter without cooperative matrices.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
 pub mod conv_reference;
