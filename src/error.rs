@@ -58,10 +58,11 @@ pub enum AetherError {
         limit: u64,
     },
     /// A kernel has no variant that compiled on this adapter.
-    #[error("kernel {kernel}: no variant compiled on adapter {adapter:?}")]
+    #[error("kernel {kernel}: no variant usable on adapter {adapter:?}: {reasons}")]
     NoKernelVariant {
         kernel: &'static str,
         adapter: String,
+        reasons: String,
     },
     /// The GPU failed while running or reading back work.
     #[error("GPU error during {during}: {message}")]

@@ -135,5 +135,6 @@ fn no_variant(ctx: &GpuContext, kernel: &'static str) -> AetherError {
     AetherError::NoKernelVariant {
         kernel,
         adapter: ctx.caps().adapter_name.clone(),
+        reasons: "failed to compile".into(),
     }
 }

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::diagnostics::warn_once;
 use crate::gpu::{GpuCapabilities, GpuContext, PipelineKey};
 use crate::tensor::{DType, Tensor};
 
@@ -422,21 +423,52 @@ impl ConvPlans {
     }
 }
 
-/// The first candidate variant of `kernel` that compiles, with its pipeline.
-pub(crate) fn first_compiling(
+/// The plan of the first candidate variant that accepts the shape and compiles.
+/// `plan_variant` declines a shape by returning an error (its message is the
+/// reason); a decline that leads to a later variant is announced once.
+pub(crate) fn plan_first(
     ctx: &GpuContext,
     plans: &ConvPlans,
     kernel: &ConvKernel,
     meta: &ConvShapeMeta,
-) -> Result<ConvVariant> {
-    plans
-        .candidates(ctx.caps())
-        .into_iter()
-        .find(|&v| kernel.pipeline(ctx, v, meta).is_some())
-        .ok_or_else(|| AetherError::NoKernelVariant {
-            kernel: kernel.name,
-            adapter: ctx.caps().adapter_name.clone(),
-        })
+    mut plan_variant: impl FnMut(ConvVariant) -> Result<ConvLaunchPlan>,
+) -> Result<ConvLaunchPlan> {
+    let mut declined: Vec<String> = Vec::new();
+    // Shape declines are announced here; compile failures were already announced
+    // by the pipeline cache.
+    let mut shape_declines = Vec::new();
+    for variant in plans.candidates(ctx.caps()) {
+        let plan = match plan_variant(variant) {
+            Ok(plan) => plan,
+            Err(reason) => {
+                shape_declines.push(format!("{} declined: {reason}", variant.name()));
+                declined.push(format!("{} declined: {reason}", variant.name()));
+                continue;
+            }
+        };
+        if kernel.pipeline(ctx, variant, meta).is_none() {
+            declined.push(format!("{} failed to compile", variant.name()));
+            continue;
+        }
+        if !shape_declines.is_empty() {
+            warn_once(
+                &format!("decline:{}:{:?}", kernel.name, meta.key()),
+                &format!(
+                    "{} on {:?}: using {} because {}",
+                    kernel.name,
+                    meta.key(),
+                    variant.name(),
+                    shape_declines.join("; ")
+                ),
+            );
+        }
+        return Ok(plan);
+    }
+    Err(AetherError::NoKernelVariant {
+        kernel: kernel.name,
+        adapter: ctx.caps().adapter_name.clone(),
+        reasons: declined.join("; "),
+    })
 }
 
 /// Workgroups of `variant`'s GEMM over a `rows x cols` output with `z` slices.

@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use super::common::{
     ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, buf,
-    expect_dims, first_compiling, gemm_grid, gpu_operand, host_values, same_device,
+    expect_dims, gemm_grid, gpu_operand, host_values, plan_first, same_device,
 };
 use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
 use crate::error::Result;
@@ -37,15 +37,16 @@ pub fn conv2d_dinput(
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     };
     let plan = plans.get_or_plan(ConvDirection::DInput, &meta, || {
-        let variant = first_compiling(ctx, plans, &KERNEL, &meta)?;
         // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
         let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
         let classes = meta.stride_h * meta.stride_w;
-        Ok(ConvLaunchPlan::new(
-            variant,
-            gemm_grid("conv_dinput", ctx, variant, class_rows, meta.c_in, classes)?,
-            1,
-        ))
+        plan_first(ctx, plans, &KERNEL, &meta, |variant| {
+            Ok(ConvLaunchPlan::new(
+                variant,
+                gemm_grid("conv_dinput", ctx, variant, class_rows, meta.c_in, classes)?,
+                1,
+            ))
+        })
     })?;
     let pipeline = KERNEL
         .pipeline(ctx, plan.variant, &meta)

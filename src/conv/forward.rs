@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use super::common::{
     ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL, buf,
-    expect_dims, first_compiling, gemm_grid, gpu_operand, host_values, same_device,
+    expect_dims, gemm_grid, gpu_operand, host_values, plan_first, same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -46,12 +46,13 @@ pub fn conv2d_forward(
         return Tensor::from_f32(meta.output_dims().to_vec(), out, &x.device());
     };
     let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
-        let variant = first_compiling(ctx, plans, &KERNEL, &meta)?;
-        Ok(ConvLaunchPlan::new(
-            variant,
-            gemm_grid("conv_forward", ctx, variant, meta.m, meta.c_out, 1)?,
-            1,
-        ))
+        plan_first(ctx, plans, &KERNEL, &meta, |variant| {
+            Ok(ConvLaunchPlan::new(
+                variant,
+                gemm_grid("conv_forward", ctx, variant, meta.m, meta.c_out, 1)?,
+                1,
+            ))
+        })
     })?;
     let pipeline = KERNEL
         .pipeline(ctx, plan.variant, &meta)

@@ -34,6 +34,7 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
         .ok_or_else(|| AetherError::NoKernelVariant {
             kernel: "relu",
             adapter: ctx.caps().adapter_name.clone(),
+            reasons: "failed to compile".into(),
         })?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let len = x.numel();
