@@ -17,12 +17,14 @@ use crate::gpu::{GpuContext, PooledBuffer};
 pub enum DType {
     F32,
     F16,
+    /// Indices and counts (e.g. max-pool argmax, labels).
+    U32,
 }
 
 impl DType {
     pub fn size_bytes(self) -> usize {
         match self {
-            Self::F32 => 4,
+            Self::F32 | Self::U32 => 4,
             Self::F16 => 2,
         }
     }
@@ -80,6 +82,7 @@ impl Shape {
 enum Storage {
     HostF32(Arc<Vec<f32>>),
     HostF16(Arc<Vec<f16>>),
+    HostU32(Arc<Vec<u32>>),
     Gpu(Arc<GpuStorage>),
 }
 
@@ -147,6 +150,20 @@ impl Tensor {
         }
     }
 
+    /// A u32 tensor from host data, placed on `device`.
+    pub fn from_u32(dims: impl Into<Vec<usize>>, data: Vec<u32>, device: &Device) -> Result<Self> {
+        let shape = Shape::new(dims)?;
+        check_len(&shape, data.len())?;
+        match device {
+            Device::Cpu => Ok(Self {
+                shape,
+                dtype: DType::U32,
+                storage: Storage::HostU32(Arc::new(data)),
+            }),
+            Device::Gpu(ctx) => Self::upload(ctx, shape, DType::U32, bytemuck::cast_slice(&data)),
+        }
+    }
+
     fn upload(ctx: &Arc<GpuContext>, shape: Shape, dtype: DType, bytes: &[u8]) -> Result<Self> {
         let tensor = Self::uninit_gpu(ctx, shape, dtype)?;
         ctx.upload(tensor.gpu_buffer().expect("GPU tensor"), bytes);
@@ -199,25 +216,28 @@ impl Tensor {
 
     pub fn device(&self) -> Device {
         match &self.storage {
-            Storage::HostF32(_) | Storage::HostF16(_) => Device::Cpu,
+            Storage::HostF32(_) | Storage::HostF16(_) | Storage::HostU32(_) => Device::Cpu,
             Storage::Gpu(g) => Device::Gpu(Arc::clone(&g.ctx)),
         }
     }
 
-    /// The values as f32 on the host (f16 storage is widened exactly).
+    /// The values as f32 on the host (f16 storage is widened exactly); an error
+    /// for u32 tensors.
     pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
         match &self.storage {
+            Storage::HostU32(_) => Err(self.wrong_dtype("Tensor::to_vec_f32")),
             Storage::HostF32(v) => Ok(v.to_vec()),
             Storage::HostF16(v) => Ok(v.iter().map(|x| x.to_f32()).collect()),
             Storage::Gpu(g) => {
                 let bytes = g.ctx.read_bytes(g.buffer.buffer(), self.byte_len())?;
-                Ok(match self.dtype {
-                    DType::F32 => bytemuck::pod_collect_to_vec(&bytes),
-                    DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&bytes)
+                match self.dtype {
+                    DType::F32 => Ok(bytemuck::pod_collect_to_vec(&bytes)),
+                    DType::F16 => Ok(bytemuck::pod_collect_to_vec::<u8, f16>(&bytes)
                         .into_iter()
                         .map(f16::to_f32)
-                        .collect(),
-                })
+                        .collect()),
+                    DType::U32 => Err(self.wrong_dtype("Tensor::to_vec_f32")),
+                }
             }
         }
     }
@@ -230,11 +250,27 @@ impl Tensor {
                 let bytes = g.ctx.read_bytes(g.buffer.buffer(), self.byte_len())?;
                 Ok(bytemuck::pod_collect_to_vec(&bytes))
             }
-            _ => Err(AetherError::InvalidShape {
-                op: "Tensor::to_vec_f16",
-                shape: self.dims().to_vec(),
-                reason: format!("tensor holds {:?}, not F16", self.dtype),
-            }),
+            _ => Err(self.wrong_dtype("Tensor::to_vec_f16")),
+        }
+    }
+
+    /// The values of a u32 tensor; an error for other dtypes.
+    pub fn to_vec_u32(&self) -> Result<Vec<u32>> {
+        match (&self.storage, self.dtype) {
+            (Storage::HostU32(v), _) => Ok(v.to_vec()),
+            (Storage::Gpu(g), DType::U32) => {
+                let bytes = g.ctx.read_bytes(g.buffer.buffer(), self.byte_len())?;
+                Ok(bytemuck::pod_collect_to_vec(&bytes))
+            }
+            _ => Err(self.wrong_dtype("Tensor::to_vec_u32")),
+        }
+    }
+
+    fn wrong_dtype(&self, op: &'static str) -> AetherError {
+        AetherError::InvalidShape {
+            op,
+            shape: self.dims().to_vec(),
+            reason: format!("tensor holds {:?}", self.dtype),
         }
     }
 
@@ -246,6 +282,7 @@ impl Tensor {
         match self.dtype {
             DType::F32 => Self::from_f32(self.dims().to_vec(), self.to_vec_f32()?, device),
             DType::F16 => Self::from_f16(self.dims().to_vec(), self.to_vec_f16()?, device),
+            DType::U32 => Self::from_u32(self.dims().to_vec(), self.to_vec_u32()?, device),
         }
     }
 
@@ -257,6 +294,14 @@ impl Tensor {
     pub(crate) fn host_f32(&self) -> Option<&[f32]> {
         match &self.storage {
             Storage::HostF32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Host u32 data, when this is a u32 tensor on the CPU.
+    pub(crate) fn host_u32(&self) -> Option<&[u32]> {
+        match &self.storage {
+            Storage::HostU32(v) => Some(v),
             _ => None,
         }
     }

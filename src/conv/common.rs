@@ -508,7 +508,7 @@ pub(crate) fn expect_dims(op: &'static str, t: &Tensor, dims: &[usize]) -> Resul
 
 /// `t` in the operand type of `variant`: f32 inputs are cast to f16 (unclipped,
 /// or clipped to +-65504 for gradients) for the f16 variants; an f16 tensor
-/// cannot feed the f32 variant.
+/// cannot feed the f32 variant, and u32 tensors feed none.
 pub(crate) fn gpu_operand(
     op: &'static str,
     t: &Tensor,
@@ -518,10 +518,10 @@ pub(crate) fn gpu_operand(
     match (t.dtype(), variant.f16_operands()) {
         (DType::F32, true) => super::cast::cast_f16(t, clip),
         (DType::F16, true) | (DType::F32, false) => Ok(t.clone()),
-        (DType::F16, false) => Err(AetherError::InvalidShape {
+        (dtype, _) => Err(AetherError::InvalidShape {
             op,
             shape: t.dims().to_vec(),
-            reason: format!("variant {} needs F32 operands, got F16", variant.name()),
+            reason: format!("variant {} cannot take {dtype:?} operands", variant.name()),
         }),
     }
 }
