@@ -13,6 +13,7 @@ pub mod error;
 pub mod gpu;
 pub mod io;
 pub mod ops;
+pub mod optim;
 pub mod tensor;
 
 pub use device::Device;

@@ -127,11 +127,24 @@ impl GpuContext {
 
     /// Records a buffer-to-buffer copy into the pending batch.
     pub fn copy_buffer(&self, src: &wgpu::Buffer, dst: &wgpu::Buffer, bytes: u64) {
+        self.copy_buffer_region(src, 0, dst, 0, bytes);
+    }
+
+    /// Records a copy of `bytes` from `src` at `src_offset` to `dst` at
+    /// `dst_offset` (offsets and size multiples of 4) into the pending batch.
+    pub fn copy_buffer_region(
+        &self,
+        src: &wgpu::Buffer,
+        src_offset: u64,
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+        bytes: u64,
+    ) {
         let mut batch = self.batch();
         batch
             .encoder
             .get_or_insert_with(|| self.new_encoder())
-            .copy_buffer_to_buffer(src, 0, dst, 0, bytes);
+            .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
     }
 
     /// Submits the pending batch, if any, as one command buffer.

@@ -1,0 +1,381 @@
+//! Adam and AdamW, updating every parameter of a model with one fused kernel,
+//! and the regularization loss of all parameters in one GPU reduction.
+//!
+//! On the GPU the parameters and gradients are packed into flat buffers with
+//! buffer copies (commands, not kernels), one dispatch updates everything, and
+//! the results are copied out into fresh pooled tensors, all in the same batch.
+//! Each parameter carries its own L1/L2 coefficients and whether weight decay
+//! applies to it (BatchNorm's parameters are excluded).
+
+use std::sync::Arc;
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::device::Device;
+use crate::error::{AetherError, Result};
+use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::tensor::{DType, Shape, Tensor};
+
+const ADAM: &str = include_str!("../shaders/optim/adam.wgsl");
+const REGULARIZATION: &str = include_str!("../shaders/optim/regularization.wgsl");
+const SUM_IN_ORDER: &str = include_str!("../shaders/optim/sum_in_order.wgsl");
+const WORKGROUP: u32 = 256;
+
+/// One trainable tensor as the optimizer sees it.
+pub struct Param<'a> {
+    /// Replaced by the updated tensor after a step.
+    pub value: &'a mut Tensor,
+    pub grad: &'a Tensor,
+    /// Coefficients of the layer's L1 and L2 penalties on this tensor.
+    pub l1: f32,
+    pub l2: f32,
+    /// Whether decoupled weight decay applies (false for BatchNorm).
+    pub decays: bool,
+}
+
+/// A parameter's segment of the packed buffers, as the shaders read it.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Segment {
+    start: u32,
+    end: u32,
+    l1: f32,
+    l2: f32,
+    decays: u32,
+}
+
+/// Adam (Kingma & Ba) with optional decoupled weight decay (AdamW).
+pub struct Adam {
+    pub learning_rate: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub epsilon: f32,
+    /// Decoupled weight decay per step, `p -= lr * weight_decay * p` (0 for Adam).
+    pub weight_decay: f32,
+    steps: u32,
+    moments: Option<Moments>,
+}
+
+/// First and second moments of every parameter, packed, and the layout they follow.
+struct Moments {
+    lengths: Vec<usize>,
+    m: Tensor,
+    v: Tensor,
+}
+
+impl Adam {
+    /// Adam with the usual defaults (beta1 0.9, beta2 0.999, epsilon 1e-7 as in Aether-ML).
+    pub fn new(learning_rate: f32) -> Self {
+        Self {
+            learning_rate,
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-7,
+            weight_decay: 0.0,
+            steps: 0,
+            moments: None,
+        }
+    }
+
+    /// AdamW: Adam with decoupled weight decay.
+    pub fn adamw(learning_rate: f32, weight_decay: f32) -> Self {
+        Self {
+            weight_decay,
+            ..Self::new(learning_rate)
+        }
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u32 {
+        self.steps
+    }
+
+    /// Updates every parameter from its gradient; all must be f32 on one device.
+    pub fn step(&mut self, params: &mut [Param]) -> Result<()> {
+        let lengths: Vec<usize> = params.iter().map(|p| p.value.numel()).collect();
+        for p in params.iter() {
+            check_param(p)?;
+        }
+        let Some(first) = params.first() else {
+            return Ok(());
+        };
+        let device = first.value.device();
+        let total: usize = lengths.iter().sum();
+        match &self.moments {
+            Some(m) if m.lengths != lengths => {
+                return Err(AetherError::ShapeMismatch {
+                    op: "Adam::step (parameter sizes changed since the first step)",
+                    expected: m.lengths.clone(),
+                    actual: lengths,
+                });
+            }
+            Some(m) if !m.m.device().same_as(&device) => {
+                return Err(AetherError::DeviceMismatch {
+                    op: "Adam::step",
+                    a: m.m.device().name(),
+                    b: device.name(),
+                });
+            }
+            Some(_) => {}
+            None => {
+                let zeros = || Tensor::from_f32(vec![total], vec![0.0; total], &device);
+                self.moments = Some(Moments {
+                    lengths: lengths.clone(),
+                    m: zeros()?,
+                    v: zeros()?,
+                });
+            }
+        }
+        self.steps += 1;
+        let t = self.steps as i32;
+        let lr_t =
+            self.learning_rate * (1.0 - self.beta2.powi(t)).sqrt() / (1.0 - self.beta1.powi(t));
+        let decay_lr = self.learning_rate * self.weight_decay;
+        let moments = self.moments.as_mut().expect("initialised above");
+        match &device {
+            Device::Cpu => self.step_cpu(params, lr_t, decay_lr),
+            Device::Gpu(ctx) => {
+                let hyper = [self.beta1, self.beta2, self.epsilon];
+                step_gpu(ctx, params, moments, lr_t, decay_lr, hyper)
+            }
+        }
+    }
+
+    fn step_cpu(&mut self, params: &mut [Param], lr_t: f32, decay_lr: f32) -> Result<()> {
+        let (b1, b2, eps) = (self.beta1, self.beta2, self.epsilon);
+        let moments = self.moments.as_mut().expect("initialised");
+        let mut m = moments.m.to_vec_f32()?;
+        let mut v = moments.v.to_vec_f32()?;
+        let mut offset = 0;
+        for p in params.iter_mut() {
+            let grad = p.grad.to_vec_f32()?;
+            let mut value = p.value.to_vec_f32()?;
+            for (j, (w, &g)) in value.iter_mut().zip(&grad).enumerate() {
+                let i = offset + j;
+                let g = g + p.l1 * sign(*w) + 2.0 * p.l2 * *w;
+                m[i] = b1 * m[i] + (1.0 - b1) * g;
+                v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+                if p.decays {
+                    *w -= decay_lr * *w;
+                }
+                *w -= lr_t * m[i] / (v[i].sqrt() + eps);
+            }
+            offset += value.len();
+            *p.value = Tensor::from_f32(p.value.dims().to_vec(), value, &Device::Cpu)?;
+        }
+        let total = m.len();
+        moments.m = Tensor::from_f32(vec![total], m, &Device::Cpu)?;
+        moments.v = Tensor::from_f32(vec![total], v, &Device::Cpu)?;
+        Ok(())
+    }
+}
+
+/// WGSL's `sign`: 0 at 0 (Rust's `signum` gives 1).
+fn sign(x: f32) -> f32 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
+fn check_param(p: &Param) -> Result<()> {
+    if p.value.dtype() != DType::F32 || p.grad.dtype() != DType::F32 {
+        return Err(AetherError::InvalidShape {
+            op: "Adam::step",
+            shape: p.value.dims().to_vec(),
+            reason: "parameters and gradients must be F32".into(),
+        });
+    }
+    if p.value.dims() != p.grad.dims() {
+        return Err(AetherError::ShapeMismatch {
+            op: "Adam::step gradient",
+            expected: p.value.dims().to_vec(),
+            actual: p.grad.dims().to_vec(),
+        });
+    }
+    if !p.value.device().same_as(&p.grad.device()) {
+        return Err(AetherError::DeviceMismatch {
+            op: "Adam::step",
+            a: p.value.device().name(),
+            b: p.grad.device().name(),
+        });
+    }
+    Ok(())
+}
+
+fn segments(items: impl Iterator<Item = (usize, f32, f32, bool)>) -> Vec<Segment> {
+    let mut start = 0;
+    items
+        .map(|(len, l1, l2, decays)| {
+            let seg = Segment {
+                start: start as u32,
+                end: (start + len) as u32,
+                l1,
+                l2,
+                decays: u32::from(decays),
+            };
+            start += len;
+            seg
+        })
+        .collect()
+}
+
+fn pipeline(
+    ctx: &GpuContext,
+    kernel: &'static str,
+    source: &'static str,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    ctx.pipelines()
+        .get_or_create(&PipelineKey::new(kernel, "portable"), "main", || {
+            source.into()
+        })
+        .ok_or_else(|| AetherError::NoKernelVariant {
+            kernel,
+            adapter: ctx.caps().adapter_name.clone(),
+            reasons: "failed to compile".into(),
+        })
+}
+
+fn gpu_buf(t: &Tensor) -> &wgpu::Buffer {
+    t.gpu_buffer().expect("checked to be on the GPU")
+}
+
+/// Packs `tensors` end to end into one flat f32 tensor with buffer copies.
+fn pack(ctx: &Arc<GpuContext>, tensors: &[&Tensor]) -> Result<Tensor> {
+    let total: usize = tensors.iter().map(|t| t.numel()).sum();
+    let flat = Tensor::uninit_gpu(ctx, Shape::new([total])?, DType::F32)?;
+    let mut offset = 0u64;
+    for t in tensors {
+        let bytes = t.numel() as u64 * 4;
+        ctx.copy_buffer_region(gpu_buf(t), 0, gpu_buf(&flat), offset, bytes);
+        offset += bytes;
+    }
+    Ok(flat)
+}
+
+fn step_gpu(
+    ctx: &Arc<GpuContext>,
+    params: &mut [Param],
+    moments: &mut Moments,
+    lr_t: f32,
+    decay_lr: f32,
+    [beta1, beta2, eps]: [f32; 3],
+) -> Result<()> {
+    let values: Vec<&Tensor> = params.iter().map(|p| &*p.value).collect();
+    let flat_params = pack(ctx, &values)?;
+    let grads: Vec<&Tensor> = params.iter().map(|p| p.grad).collect();
+    let flat_grads = pack(ctx, &grads)?;
+    let segs = segments(
+        params
+            .iter()
+            .map(|p| (p.value.numel(), p.l1, p.l2, p.decays)),
+    );
+    let seg_tensor = segment_tensor(ctx, &segs)?;
+    let total = flat_params.numel();
+    let (grid, row_stride) = flat_grid(
+        total,
+        WORKGROUP,
+        ctx.caps().limits.max_compute_workgroups_per_dimension,
+    );
+    let uniform = [
+        total as u32,
+        row_stride,
+        segs.len() as u32,
+        lr_t.to_bits(),
+        beta1.to_bits(),
+        beta2.to_bits(),
+        eps.to_bits(),
+        decay_lr.to_bits(),
+    ];
+    ctx.dispatch(
+        "adam",
+        &*pipeline(ctx, "adam", ADAM)?,
+        &[
+            gpu_buf(&flat_grads),
+            gpu_buf(&flat_params),
+            gpu_buf(&moments.m),
+            gpu_buf(&moments.v),
+            gpu_buf(&seg_tensor),
+        ],
+        bytemuck::cast_slice(&uniform),
+        grid,
+    )?;
+    let mut offset = 0u64;
+    for p in params.iter_mut() {
+        let updated = Tensor::uninit_gpu(ctx, p.value.shape().clone(), DType::F32)?;
+        let bytes = p.value.numel() as u64 * 4;
+        ctx.copy_buffer_region(gpu_buf(&flat_params), offset, gpu_buf(&updated), 0, bytes);
+        offset += bytes;
+        *p.value = updated;
+    }
+    Ok(())
+}
+
+/// The segment table as a GPU tensor (u32 words: Segment is five 4-byte fields).
+fn segment_tensor(ctx: &Arc<GpuContext>, segs: &[Segment]) -> Result<Tensor> {
+    let words: Vec<u32> = bytemuck::cast_slice(segs).to_vec();
+    Tensor::from_u32(vec![words.len()], words, &Device::Gpu(Arc::clone(ctx)))
+}
+
+/// `sum(l1 * |p| + l2 * p^2)` over `(tensor, l1, l2)` triples, as a [1] tensor on
+/// the tensors' device, computed by one deterministic reduction over all of them.
+pub fn regularization_loss(terms: &[(&Tensor, f32, f32)]) -> Result<Tensor> {
+    let Some(&(first, _, _)) = terms.first() else {
+        return Err(AetherError::InvalidShape {
+            op: "regularization_loss",
+            shape: vec![],
+            reason: "no parameters given".into(),
+        });
+    };
+    let device = first.device();
+    if let Some((t, _, _)) = terms
+        .iter()
+        .find(|(t, _, _)| !t.device().same_as(&device) || t.dtype() != DType::F32)
+    {
+        return Err(AetherError::InvalidShape {
+            op: "regularization_loss",
+            shape: t.dims().to_vec(),
+            reason: format!("every term must be F32 on {}", device.name()),
+        });
+    }
+    let Device::Gpu(ctx) = &device else {
+        let mut total = 0.0f32;
+        for (t, l1, l2) in terms {
+            for &p in t.host_f32().expect("checked F32 on the CPU") {
+                total += l1 * p.abs() + l2 * p * p;
+            }
+        }
+        return Tensor::from_f32(vec![1], vec![total], &device);
+    };
+    let tensors: Vec<&Tensor> = terms.iter().map(|(t, _, _)| *t).collect();
+    let flat = pack(ctx, &tensors)?;
+    let segs = segments(terms.iter().map(|(t, l1, l2)| (t.numel(), *l1, *l2, false)));
+    let seg_tensor = segment_tensor(ctx, &segs)?;
+    let total = flat.numel();
+    let (grid, _) = flat_grid(
+        total,
+        WORKGROUP,
+        ctx.caps().limits.max_compute_workgroups_per_dimension,
+    );
+    let groups = (grid[0] * grid[1]) as usize;
+    let partials = Tensor::uninit_gpu(ctx, Shape::new([groups])?, DType::F32)?;
+    ctx.dispatch(
+        "regularization_partial",
+        &*pipeline(ctx, "regularization_partial", REGULARIZATION)?,
+        &[gpu_buf(&flat), gpu_buf(&seg_tensor), gpu_buf(&partials)],
+        bytemuck::cast_slice(&[total as u32, segs.len() as u32]),
+        grid,
+    )?;
+    let out = Tensor::uninit_gpu(ctx, Shape::new([1])?, DType::F32)?;
+    ctx.dispatch(
+        "sum_in_order",
+        &*pipeline(ctx, "sum_in_order", SUM_IN_ORDER)?,
+        &[gpu_buf(&partials), gpu_buf(&out)],
+        bytemuck::bytes_of(&(groups as u32)),
+        [1, 1, 1],
+    )?;
+    Ok(out)
+}

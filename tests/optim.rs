@@ -1,0 +1,231 @@
+//! Adam / AdamW and the regularization loss against an f64 reference written
+//! here, on every device. Bound: 1e-5 norm-relative after three steps.
+
+mod common;
+
+use aether::optim::{Adam, Param, regularization_loss};
+use aether::{Device, Tensor};
+use common::Rng;
+
+const BOUND: f64 = 1e-5;
+
+/// (len, l1, l2, decays) of each parameter: odd sizes, one without decay (a BatchNorm).
+const LAYOUT: [(usize, f32, f32, bool); 3] = [
+    (301, 1e-3, 0.0, true),
+    (7, 0.0, 5e-3, true),
+    (33, 0.0, 0.0, false),
+];
+
+fn reference_adam(params: &mut [Vec<f64>], grads: &[Vec<Vec<f64>>], lr: f64, wd: f64) {
+    let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-7f64);
+    let mut m: Vec<Vec<f64>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
+    let mut v = m.clone();
+    for (step, grads) in grads.iter().enumerate() {
+        let t = (step + 1) as i32;
+        let lr_t = lr * (1.0 - b2.powi(t)).sqrt() / (1.0 - b1.powi(t));
+        for (k, p) in params.iter_mut().enumerate() {
+            let (_, l1, l2, decays) = LAYOUT[k];
+            for i in 0..p.len() {
+                let sign = if p[i] > 0.0 {
+                    1.0
+                } else if p[i] < 0.0 {
+                    -1.0
+                } else {
+                    0.0
+                };
+                let g = grads[k][i] + f64::from(l1) * sign + 2.0 * f64::from(l2) * p[i];
+                m[k][i] = b1 * m[k][i] + (1.0 - b1) * g;
+                v[k][i] = b2 * v[k][i] + (1.0 - b2) * g * g;
+                if decays {
+                    p[i] -= lr * wd * p[i];
+                }
+                p[i] -= lr_t * m[k][i] / (v[k][i].sqrt() + eps);
+            }
+        }
+    }
+}
+
+fn run(device: &Device, weight_decay: f32) {
+    let mut rng = Rng::fresh();
+    let lr = 1e-2f32;
+    let init: Vec<Vec<f32>> = LAYOUT.iter().map(|&(n, ..)| rng.vec(n)).collect();
+    let grads: Vec<Vec<Vec<f32>>> = (0..3)
+        .map(|_| LAYOUT.iter().map(|&(n, ..)| rng.vec(n)).collect())
+        .collect();
+    let mut values: Vec<Tensor> = init
+        .iter()
+        .map(|v| Tensor::from_f32(vec![v.len()], v.clone(), device).unwrap())
+        .collect();
+    let mut adam = Adam::adamw(lr, weight_decay);
+    for step_grads in &grads {
+        let grad_tensors: Vec<Tensor> = step_grads
+            .iter()
+            .map(|g| Tensor::from_f32(vec![g.len()], g.clone(), device).unwrap())
+            .collect();
+        let mut params: Vec<Param> = values
+            .iter_mut()
+            .zip(&grad_tensors)
+            .zip(LAYOUT)
+            .map(|((value, grad), (_, l1, l2, decays))| Param {
+                value,
+                grad,
+                l1,
+                l2,
+                decays,
+            })
+            .collect();
+        adam.step(&mut params).unwrap();
+    }
+    let mut want: Vec<Vec<f64>> = init
+        .iter()
+        .map(|v| v.iter().map(|&x| f64::from(x)).collect())
+        .collect();
+    let grads64: Vec<Vec<Vec<f64>>> = grads
+        .iter()
+        .map(|s| {
+            s.iter()
+                .map(|g| g.iter().map(|&x| f64::from(x)).collect())
+                .collect()
+        })
+        .collect();
+    reference_adam(&mut want, &grads64, f64::from(lr), f64::from(weight_decay));
+    for (k, (got, want)) in values.iter().zip(&want).enumerate() {
+        let got = got.to_vec_f32().unwrap();
+        let (mut diff, mut norm) = (0.0, 0.0);
+        for (g, w) in got.iter().zip(want) {
+            diff += (f64::from(*g) - w).powi(2);
+            norm += w * w;
+        }
+        let err = (diff / norm).sqrt();
+        assert!(
+            err <= BOUND,
+            "param {k} (wd {weight_decay}): error {err:e} (seed {})",
+            rng.seed
+        );
+        let moved = got.iter().zip(&init[k]).any(|(a, b)| a != b);
+        assert!(moved, "param {k} did not change");
+    }
+    assert_eq!(adam.steps(), 3);
+}
+
+test_device!(adam_matches_reference, |device: &Device| run(device, 0.0));
+test_device!(
+    adamw_matches_reference_and_skips_excluded_params,
+    |device: &Device| run(device, 0.05)
+);
+
+test_device!(
+    regularization_loss_is_one_deterministic_reduction,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        // Over several workgroups (256 elements each), ending mid-workgroup.
+        let a = rng.vec(1000);
+        let b = rng.vec(77);
+        let ta = Tensor::from_f32(vec![1000], a.clone(), device).unwrap();
+        let tb = Tensor::from_f32(vec![7, 11], b.clone(), device).unwrap();
+        let terms = [(&ta, 1e-3f32, 2e-3f32), (&tb, 0.0, 0.5)];
+        let want: f64 = a
+            .iter()
+            .map(|&p| 1e-3 * f64::from(p).abs() + 2e-3 * f64::from(p).powi(2))
+            .sum::<f64>()
+            + b.iter().map(|&p| 0.5 * f64::from(p).powi(2)).sum::<f64>();
+        let got = regularization_loss(&terms).unwrap().to_vec_f32().unwrap();
+        assert_eq!(got.len(), 1);
+        assert!(
+            ((f64::from(got[0]) - want) / want).abs() <= BOUND,
+            "{} vs {want} (seed {})",
+            got[0],
+            rng.seed
+        );
+        let again = regularization_loss(&terms).unwrap().to_vec_f32().unwrap();
+        assert_eq!(
+            got[0].to_bits(),
+            again[0].to_bits(),
+            "two runs must agree bit for bit"
+        );
+    }
+);
+
+test_device!(changed_parameter_sizes_are_an_error, |device: &Device| {
+    let mut adam = Adam::new(1e-3);
+    let g = Tensor::from_f32(vec![3], vec![0.1, -0.2, 0.3], device).unwrap();
+    let mut v = Tensor::from_f32(vec![3], vec![1.0, 2.0, 3.0], device).unwrap();
+    adam.step(&mut [Param {
+        value: &mut v,
+        grad: &g,
+        l1: 0.0,
+        l2: 0.0,
+        decays: true,
+    }])
+    .unwrap();
+    let g2 = Tensor::from_f32(vec![2], vec![0.1, -0.2], device).unwrap();
+    let mut v2 = Tensor::from_f32(vec![2], vec![1.0, 2.0], device).unwrap();
+    let err = adam
+        .step(&mut [Param {
+            value: &mut v2,
+            grad: &g2,
+            l1: 0.0,
+            l2: 0.0,
+            decays: true,
+        }])
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("[3]") && err.to_string().contains("[2]"),
+        "{err}"
+    );
+    let mut bad = Tensor::from_f32(vec![3], vec![1.0, 2.0, 3.0], device).unwrap();
+    assert!(
+        Adam::new(1e-3)
+            .step(&mut [Param {
+                value: &mut bad,
+                grad: &g2,
+                l1: 0.0,
+                l2: 0.0,
+                decays: true
+            }])
+            .is_err()
+    );
+});
+
+/// The whole step is one kernel, on a private context so other tests' dispatches
+/// do not count.
+#[test]
+fn a_step_is_one_fused_dispatch() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let device = Device::with_preference(
+        aether::gpu::DevicePreference::Gpu,
+        &common::test_gpu_options(),
+    )
+    .unwrap();
+    let ctx = device.gpu_context().unwrap().clone();
+    let mut rng = Rng::fresh();
+    let grads: Vec<Tensor> = LAYOUT
+        .iter()
+        .map(|&(n, ..)| Tensor::from_f32(vec![n], rng.vec(n), &device).unwrap())
+        .collect();
+    let mut values: Vec<Tensor> = LAYOUT
+        .iter()
+        .map(|&(n, ..)| Tensor::from_f32(vec![n], rng.vec(n), &device).unwrap())
+        .collect();
+    let mut adam = Adam::new(1e-3);
+    let before = ctx.dispatch_count();
+    let mut params: Vec<Param> = values
+        .iter_mut()
+        .zip(&grads)
+        .map(|(value, grad)| Param {
+            value,
+            grad,
+            l1: 0.0,
+            l2: 0.0,
+            decays: true,
+        })
+        .collect();
+    adam.step(&mut params).unwrap();
+    assert_eq!(
+        ctx.dispatch_count() - before,
+        1,
+        "one fused kernel for all parameters"
+    );
+}
