@@ -1,8 +1,11 @@
-// y = relu(x) elementwise. NaN passes through (x < 0 is false for NaN), matching
-// the CPU path, so a diverging run is caught by the loss check downstream.
+// y = relu(x) elementwise, decided on the raw bits: negative non-zero numbers
+// become +0, while NaN (any payload) and -0.0 pass through unchanged, matching
+// the CPU path. Float comparisons are avoided because some drivers (NVIDIA,
+// see shared/gpu/README.md) do not keep NaN through them; a diverging run must
+// reach the loss check as NaN.
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<u32>;
+@group(0) @binding(1) var<storage, read_write> y: array<u32>;
 
 struct Params {
     len: u32,
@@ -14,7 +17,9 @@ struct Params {
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x + gid.y * params.row_stride;
     if (i < params.len) {
-        let v = x[i];
-        y[i] = select(v, 0.0, v < 0.0);
+        let b = x[i];
+        // Sign bit set, magnitude in (0, inf]: a negative number (not NaN, not -0).
+        let negative = b > 0x80000000u && b <= 0xff800000u;
+        y[i] = select(b, 0u, negative);
     }
 }

@@ -1,0 +1,32 @@
+// Max pool backward as a gather: one invocation per input element sums, in
+// (oh, ow) order, the dy of every covering window whose argmax is this element.
+// No atomics and no zero-fill pass: every dx element is written exactly once.
+
+@group(0) @binding(0) var<storage, read> dy: array<f32>;
+@group(0) @binding(1) var<storage, read> argmax: array<u32>;
+@group(0) @binding(2) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * params.row_stride;
+    if (i >= params.len) {
+        return;
+    }
+    let ch = i % params.c;
+    let iw = (i / params.c) % params.w;
+    let ih = (i / (params.c * params.w)) % params.h;
+    let n = i / (params.c * params.w * params.h);
+    let rows = covering_span(ih, params.stride_h, params.pad_top, params.filter_h, params.h_out);
+    let cols = covering_span(iw, params.stride_w, params.pad_left, params.filter_w, params.w_out);
+    var sum = 0.0;
+    for (var oh = rows.x; oh < rows.y; oh++) {
+        for (var ow = cols.x; ow < cols.y; ow++) {
+            let o = output_index(n, oh, ow, ch);
+            if (argmax[o] == i) {
+                sum += dy[o];
+            }
+        }
+    }
+    dx[i] = sum;
+}

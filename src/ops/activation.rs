@@ -1,0 +1,193 @@
+//! Activation backward passes and leaky ReLU, on the CPU and the GPU.
+//!
+//! Every op here is elementwise over tensors of one shape, so they share one
+//! launch helper (also used by dropout's backward pass): a flat 1-D grid, the
+//! inputs bound in order, then the output, then `[len, row_stride, extra...]`
+//! as the uniform block. The derivative at exactly 0 is taken as the left one
+//! (0 for ReLU, `alpha` for leaky ReLU), the usual convention; a NaN input
+//! also takes the `x <= 0` branch, so a NaN `x` gives `alpha * x` (NaN) forward
+//! and `alpha * dy` backward.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::error::{AetherError, Result};
+use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::tensor::{DType, Tensor};
+
+const RELU_BACKWARD_SHADER: &str = include_str!("../../shaders/ops/activation_relu_backward.wgsl");
+const LEAKY_RELU_SHADER: &str = include_str!("../../shaders/ops/activation_leaky_relu.wgsl");
+const LEAKY_RELU_BACKWARD_SHADER: &str =
+    include_str!("../../shaders/ops/activation_leaky_relu_backward.wgsl");
+
+/// Threads per workgroup of every elementwise kernel in this module and in dropout.
+pub(crate) const WORKGROUP: u32 = 256;
+
+/// ReLU's gradient: `dy` where `x > 0`, else 0. `x` and `dy` are f32 of one shape.
+pub fn relu_backward(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    check_operands("relu_backward", &[x, dy])?;
+    if let (Some(xs), Some(dys)) = (x.host_f32(), dy.host_f32()) {
+        let dx = xs
+            .par_iter()
+            .zip(dys)
+            .map(|(&v, &d)| if v > 0.0 { d } else { 0.0 })
+            .collect();
+        return Tensor::from_f32(x.dims().to_vec(), dx, &x.device());
+    }
+    gpu_elementwise("relu_backward", "main", RELU_BACKWARD_SHADER, &[x, dy], &[])
+}
+
+/// Leaky ReLU: `x` where `x > 0`, else `alpha * x`. `alpha` must be finite.
+pub fn leaky_relu(x: &Tensor, alpha: f32) -> Result<Tensor> {
+    check_operands("leaky_relu", &[x])?;
+    check_alpha("leaky_relu", x, alpha)?;
+    if let Some(xs) = x.host_f32() {
+        let y = xs
+            .par_iter()
+            .map(|&v| if v > 0.0 { v } else { alpha * v })
+            .collect();
+        return Tensor::from_f32(x.dims().to_vec(), y, &x.device());
+    }
+    gpu_elementwise(
+        "leaky_relu",
+        "main",
+        LEAKY_RELU_SHADER,
+        &[x],
+        &[alpha.to_bits()],
+    )
+}
+
+/// Leaky ReLU's gradient: `dy` where `x > 0`, else `alpha * dy`.
+pub fn leaky_relu_backward(x: &Tensor, dy: &Tensor, alpha: f32) -> Result<Tensor> {
+    check_operands("leaky_relu_backward", &[x, dy])?;
+    check_alpha("leaky_relu_backward", x, alpha)?;
+    if let (Some(xs), Some(dys)) = (x.host_f32(), dy.host_f32()) {
+        let dx = xs
+            .par_iter()
+            .zip(dys)
+            .map(|(&v, &d)| if v > 0.0 { d } else { alpha * d })
+            .collect();
+        return Tensor::from_f32(x.dims().to_vec(), dx, &x.device());
+    }
+    gpu_elementwise(
+        "leaky_relu_backward",
+        "main",
+        LEAKY_RELU_BACKWARD_SHADER,
+        &[x, dy],
+        &[alpha.to_bits()],
+    )
+}
+
+fn check_alpha(op: &'static str, x: &Tensor, alpha: f32) -> Result<()> {
+    if alpha.is_finite() {
+        Ok(())
+    } else {
+        Err(AetherError::InvalidShape {
+            op,
+            shape: x.dims().to_vec(),
+            reason: format!("alpha must be finite, got {alpha}"),
+        })
+    }
+}
+
+/// Checks that the operands of an elementwise op are f32, on one device, of one
+/// shape, and indexable with u32 (the kernels' and the RNG's index type).
+pub(crate) fn check_operands(op: &'static str, operands: &[&Tensor]) -> Result<()> {
+    let Some((first, rest)) = operands.split_first() else {
+        return Ok(());
+    };
+    for t in operands {
+        if t.dtype() != DType::F32 {
+            return Err(AetherError::InvalidShape {
+                op,
+                shape: t.dims().to_vec(),
+                reason: format!("expected F32, got {:?}", t.dtype()),
+            });
+        }
+    }
+    for t in rest {
+        if !t.device().same_as(&first.device()) {
+            return Err(AetherError::DeviceMismatch {
+                op,
+                a: first.device().name(),
+                b: t.device().name(),
+            });
+        }
+        if t.dims() != first.dims() {
+            return Err(AetherError::ShapeMismatch {
+                op,
+                expected: first.dims().to_vec(),
+                actual: t.dims().to_vec(),
+            });
+        }
+    }
+    if u32::try_from(first.numel()).is_err() {
+        return Err(AetherError::InvalidShape {
+            op,
+            shape: first.dims().to_vec(),
+            reason: "more elements than a u32 index can address".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The compiled pipeline for `kernel` (entry point `entry` of `source`).
+pub(crate) fn elementwise_pipeline(
+    ctx: &GpuContext,
+    kernel: &'static str,
+    entry: &'static str,
+    source: &'static str,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    ctx.pipelines()
+        .get_or_create(&PipelineKey::new(kernel, "portable"), entry, || {
+            source.into()
+        })
+        .ok_or_else(|| AetherError::NoKernelVariant {
+            kernel,
+            adapter: ctx.caps().adapter_name.clone(),
+            reasons: "failed to compile".into(),
+        })
+}
+
+/// The flat grid over `len` elements and its row stride.
+pub(crate) fn elementwise_grid(ctx: &GpuContext, len: usize) -> ([u32; 3], u32) {
+    flat_grid(
+        len,
+        WORKGROUP,
+        ctx.caps().limits.max_compute_workgroups_per_dimension,
+    )
+}
+
+/// Records `kernel` over GPU `inputs` (already checked by [`check_operands`])
+/// into one new output of the first input's shape; the uniform block is
+/// `[len, row_stride, extra...]`.
+pub(crate) fn gpu_elementwise(
+    kernel: &'static str,
+    entry: &'static str,
+    source: &'static str,
+    inputs: &[&Tensor],
+    extra: &[u32],
+) -> Result<Tensor> {
+    let first = inputs[0];
+    let ctx = first.gpu_context().expect("non-host tensor is on a GPU");
+    let pipeline = elementwise_pipeline(ctx, kernel, entry, source)?;
+    let output = Tensor::uninit_gpu(ctx, first.shape().clone(), DType::F32)?;
+    let len = first.numel();
+    let (grid, row_stride) = elementwise_grid(ctx, len);
+    let mut params = vec![len as u32, row_stride];
+    params.extend_from_slice(extra);
+    let mut buffers: Vec<&wgpu::Buffer> = inputs
+        .iter()
+        .map(|t| t.gpu_buffer().expect("GPU"))
+        .collect();
+    buffers.push(output.gpu_buffer().expect("GPU"));
+    ctx.dispatch(
+        kernel,
+        &pipeline,
+        &buffers,
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok(output)
+}

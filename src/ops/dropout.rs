@@ -1,0 +1,226 @@
+//! Inverted dropout (elementwise and spatial) and its backward pass, on the CPU
+//! and the GPU, with masks that are bit-identical on both.
+//!
+//! Why a counter-based RNG: the mask of element `i` is a pure function of
+//! `(seed, step, i)`, so there is no RNG state to carry between kernels or
+//! devices, any thread can draw its own number, and a run replays exactly on
+//! either device. The generator is Philox4x32-10 (Salmon et al., "Parallel
+//! random numbers: as easy as 1, 2, 3", SC'11) in u32 arithmetic only; WGSL
+//! has no 64-bit integers, so the shader forms the high half of each 32x32
+//! product from 16-bit pieces, which is exact.
+//!
+//! The contract, the same in Rust and `shaders/ops/dropout.wgsl`:
+//! - key `[seed as u32, (seed >> 32) as u32]`, counter `[draw, step, stream, 0]`;
+//!   the draw is lane 0 of [`philox4x32_10`];
+//! - `stream` is [`ELEMENT_STREAM`] with `draw = i` for [`dropout`], and
+//!   [`SPATIAL_STREAM`] with `draw = n * C + c` for [`spatial_dropout`];
+//! - the element is dropped when `draw_bits < round(rate * 2^32)`, so it is
+//!   kept with probability `1 - rate` (to within 2^-33), and the mask value is
+//!   then `0`, else `1 / (1 - rate)` computed in f32; `y = x * mask` in f32.
+
+use rayon::prelude::*;
+
+use super::activation::{check_operands, elementwise_grid, elementwise_pipeline, gpu_elementwise};
+use crate::error::{AetherError, Result};
+use crate::tensor::{DType, Tensor};
+
+const SHADER: &str = include_str!("../../shaders/ops/dropout.wgsl");
+
+/// The counter's third word for elementwise [`dropout`].
+pub const ELEMENT_STREAM: u32 = 0;
+/// The counter's third word for [`spatial_dropout`], so its draws never repeat
+/// an elementwise mask built from the same seed and step.
+pub const SPATIAL_STREAM: u32 = 1;
+
+const PHILOX_M0: u32 = 0xD251_1F53;
+const PHILOX_M1: u32 = 0xCD9E_8D57;
+const PHILOX_W0: u32 = 0x9E37_79B9;
+const PHILOX_W1: u32 = 0xBB67_AE85;
+
+/// Philox4x32 with 10 rounds: four uniform u32s for one 128-bit counter under a
+/// 64-bit key. Matches the Random123 reference (and its known-answer vectors).
+pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    let [mut c0, mut c1, mut c2, mut c3] = counter;
+    let [mut k0, mut k1] = key;
+    for round in 0..10 {
+        if round > 0 {
+            k0 = k0.wrapping_add(PHILOX_W0);
+            k1 = k1.wrapping_add(PHILOX_W1);
+        }
+        let p0 = u64::from(PHILOX_M0) * u64::from(c0);
+        let p1 = u64::from(PHILOX_M1) * u64::from(c2);
+        [c0, c1, c2, c3] = [
+            (p1 >> 32) as u32 ^ c1 ^ k0,
+            p1 as u32,
+            (p0 >> 32) as u32 ^ c3 ^ k1,
+            p0 as u32,
+        ];
+    }
+    [c0, c1, c2, c3]
+}
+
+/// Inverted dropout: keeps each element with probability `1 - rate` and scales
+/// it by `1 / (1 - rate)`, so the expectation is unchanged and inference needs
+/// no rescaling. Returns `(y, mask)` with `y = x * mask`; pass the mask to
+/// [`dropout_backward`]. The same `(seed, step)` gives the same mask on every
+/// device; use a new `step` for every training step. `rate` must be in
+/// `[0, 1)`; at 0, `y` is `x` itself and the mask is all ones.
+pub fn dropout(x: &Tensor, rate: f32, seed: u64, step: u32) -> Result<(Tensor, Tensor)> {
+    check_operands("dropout", &[x])?;
+    let plan = MaskPlan::new("dropout", x, rate, seed, step, ELEMENT_STREAM, 1, 1)?;
+    masked(x, rate, &plan)
+}
+
+/// Spatial dropout for NHWC `x`: one draw per (n, c) drops or keeps a whole
+/// feature map, which regularises convolutional layers where neighbouring
+/// pixels are strongly correlated. The mask has `x`'s shape (constant over h, w);
+/// otherwise as [`dropout`].
+pub fn spatial_dropout(x: &Tensor, rate: f32, seed: u64, step: u32) -> Result<(Tensor, Tensor)> {
+    check_operands("spatial_dropout", &[x])?;
+    let [_, h, w, c] = x.shape().nhwc("spatial_dropout")?;
+    // `check_operands` bounds the element count by u32, and so these.
+    let (channels, map_span) = (c as u32, (h * w * c) as u32);
+    let plan = MaskPlan::new(
+        "spatial_dropout",
+        x,
+        rate,
+        seed,
+        step,
+        SPATIAL_STREAM,
+        channels,
+        map_span,
+    )?;
+    masked(x, rate, &plan)
+}
+
+/// Dropout's gradient: `dx = dy * mask`, with the mask from the forward pass.
+pub fn dropout_backward(dy: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    check_operands("dropout_backward", &[dy, mask])?;
+    if let (Some(dys), Some(ms)) = (dy.host_f32(), mask.host_f32()) {
+        let dx = dys.par_iter().zip(ms).map(|(&d, &m)| d * m).collect();
+        return Tensor::from_f32(dy.dims().to_vec(), dx, &dy.device());
+    }
+    // The shader's entry points share one uniform block; only `len` and
+    // `row_stride` matter here, the mask fields are zero.
+    gpu_elementwise("dropout_backward", "backward", SHADER, &[dy, mask], &[0; 8])
+}
+
+/// Everything that decides one mask: the uniform block of the forward kernel.
+struct MaskPlan {
+    drop_threshold: u32,
+    scale: f32,
+    key: [u32; 2],
+    step: u32,
+    stream: u32,
+    /// Draws per map (C for spatial, 1 for elementwise).
+    channels: u32,
+    /// Elements sharing one row of draws (H * W * C for spatial, 1 for elementwise).
+    map_span: u32,
+}
+
+impl MaskPlan {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        op: &'static str,
+        x: &Tensor,
+        rate: f32,
+        seed: u64,
+        step: u32,
+        stream: u32,
+        channels: u32,
+        map_span: u32,
+    ) -> Result<Self> {
+        if !(0.0..1.0).contains(&rate) {
+            return Err(AetherError::InvalidShape {
+                op,
+                shape: x.dims().to_vec(),
+                reason: format!("dropout rate must be in [0, 1), got {rate}"),
+            });
+        }
+        // rate < 1 in f32 is at most 1 - 2^-24, so this is below 2^32.
+        let drop_threshold = (f64::from(rate) * 4_294_967_296.0).round() as u32;
+        Ok(Self {
+            drop_threshold,
+            scale: 1.0 / (1.0 - rate),
+            key: [seed as u32, (seed >> 32) as u32],
+            step,
+            stream,
+            channels,
+            map_span,
+        })
+    }
+
+    /// The mask value of draw number `draw`.
+    fn mask_value(&self, draw: u32) -> f32 {
+        let kept = self.drop_threshold == 0
+            || philox4x32_10([draw, self.step, self.stream, 0], self.key)[0] >= self.drop_threshold;
+        if kept { self.scale } else { 0.0 }
+    }
+
+    /// The mask of `len` elements on the host: one draw per (map, channel),
+    /// spread over the map.
+    fn host_mask(&self, len: usize) -> Vec<f32> {
+        let (span, channels) = (self.map_span as usize, self.channels as usize);
+        let draw_count = (len / span * channels) as u32;
+        let draws: Vec<f32> = (0..draw_count)
+            .into_par_iter()
+            .map(|d| self.mask_value(d))
+            .collect();
+        if span == channels {
+            return draws;
+        }
+        (0..len)
+            .into_par_iter()
+            .map(|i| draws[i / span * channels + i % channels])
+            .collect()
+    }
+
+    fn gpu_params(&self, len: u32, row_stride: u32) -> [u32; 10] {
+        [
+            len,
+            row_stride,
+            self.drop_threshold,
+            self.scale.to_bits(),
+            self.key[0],
+            self.key[1],
+            self.step,
+            self.stream,
+            self.channels,
+            self.map_span,
+        ]
+    }
+}
+
+/// `(x * mask, mask)` for an f32 `x` already checked; `x` itself at rate 0.
+fn masked(x: &Tensor, rate: f32, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
+    if let Some(xs) = x.host_f32() {
+        let device = x.device();
+        let mask = plan.host_mask(xs.len());
+        let y = if rate == 0.0 {
+            x.clone()
+        } else {
+            let y = xs.par_iter().zip(&mask).map(|(&v, &m)| v * m).collect();
+            Tensor::from_f32(x.dims().to_vec(), y, &device)?
+        };
+        return Ok((y, Tensor::from_f32(x.dims().to_vec(), mask, &device)?));
+    }
+    let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
+    let pipeline = elementwise_pipeline(ctx, "dropout", "main", SHADER)?;
+    let mask = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
+    let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
+    let len = x.numel();
+    let (grid, row_stride) = elementwise_grid(ctx, len);
+    let params = plan.gpu_params(len as u32, row_stride);
+    ctx.dispatch(
+        "dropout",
+        &pipeline,
+        &[
+            x.gpu_buffer().expect("GPU"),
+            mask.gpu_buffer().expect("GPU"),
+            y.gpu_buffer().expect("GPU"),
+        ],
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok((if rate == 0.0 { x.clone() } else { y }, mask))
+}

@@ -1,0 +1,664 @@
+//! Pooling on NHWC f32 tensors, on the CPU and the GPU: max, average and global
+//! average, each with its backward pass.
+//!
+//! Windows only ever see in-bounds elements: padding never wins a max and is not
+//! counted in an average, so it needs no fill value. The window of an output is
+//! scanned r-major, then s.
+//!
+//! Max-pool rule (identical on both devices, bit for bit): a candidate replaces
+//! the best so far when it is greater, or when it is NaN and the best is not.
+//! Ties therefore go to the first element in scan order, and the first NaN in a
+//! window is its max: NaN propagates, and its argmax is the NaN's index. The
+//! argmax is the flat index into `x` (a U32 tensor shaped like the output).
+//!
+//! Backward passes are gathers, not scatters: each input element walks the few
+//! output windows that cover it in a fixed (oh, ow) order and sums their
+//! contributions. No atomics, no zero-fill pass, and the same bits on every run.
+//! Global average pooling reduces each (n, c) plane with a fixed lane-and-tree
+//! order (one GPU workgroup per plane), so it is deterministic too.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::conv::Padding;
+use crate::error::{AetherError, Result};
+use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::tensor::{DType, Shape, Tensor};
+
+const MAX_FORWARD: &str = concat!(
+    include_str!("../../shaders/ops/pool_common.wgsl"),
+    include_str!("../../shaders/ops/pool_max_forward.wgsl")
+);
+const MAX_BACKWARD: &str = concat!(
+    include_str!("../../shaders/ops/pool_common.wgsl"),
+    include_str!("../../shaders/ops/pool_max_backward.wgsl")
+);
+const AVG_FORWARD: &str = concat!(
+    include_str!("../../shaders/ops/pool_common.wgsl"),
+    include_str!("../../shaders/ops/pool_avg_forward.wgsl")
+);
+const AVG_BACKWARD: &str = concat!(
+    include_str!("../../shaders/ops/pool_common.wgsl"),
+    include_str!("../../shaders/ops/pool_avg_backward.wgsl")
+);
+const GLOBAL_AVG_FORWARD: &str = include_str!("../../shaders/ops/pool_global_avg_forward.wgsl");
+const GLOBAL_AVG_BACKWARD: &str = include_str!("../../shaders/ops/pool_global_avg_backward.wgsl");
+
+/// Invocations per workgroup of every pooling kernel; also the lane count of the
+/// global-average reduction, which the CPU path mirrors.
+const WORKGROUP: u32 = 256;
+
+/// Largest element count of any tensor the kernels index (their indices are u32
+/// and the argmax must fit one).
+const MAX_ELEMENTS: usize = i32::MAX as usize;
+
+/// A pooling window: size `(height, width)`, stride `(down, across)` and padding
+/// (`Same` pads `(f - 1) / 2` on each side).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PoolParams {
+    pub filter: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: Padding,
+}
+
+impl PoolParams {
+    /// A square `size x size` window moving `stride` in both directions.
+    pub fn new(size: usize, stride: usize, padding: Padding) -> Self {
+        Self {
+            filter: (size, size),
+            stride: (stride, stride),
+            padding,
+        }
+    }
+}
+
+/// The checked geometry of one pooling: the single place sizes are computed.
+#[derive(Clone, Copy, Debug)]
+struct PoolGeometry {
+    n: usize,
+    h: usize,
+    w: usize,
+    c: usize,
+    filter_h: usize,
+    filter_w: usize,
+    stride_h: usize,
+    stride_w: usize,
+    pad_top: usize,
+    pad_left: usize,
+    h_out: usize,
+    w_out: usize,
+}
+
+impl PoolGeometry {
+    /// Geometry of pooling an `input` (NHWC) with `p`, or a typed error when a size
+    /// is zero, the window does not fit the padded input, or a window would hold
+    /// padding only.
+    fn new(op: &'static str, input: [usize; 4], p: &PoolParams) -> Result<Self> {
+        let [n, h, w, c] = input;
+        let (filter_h, filter_w) = p.filter;
+        let (stride_h, stride_w) = p.stride;
+        let invalid = |reason: String| AetherError::InvalidShape {
+            op,
+            shape: input.to_vec(),
+            reason,
+        };
+        if [n, h, w, c, filter_h, filter_w, stride_h, stride_w].contains(&0) {
+            return Err(invalid(format!(
+                "sizes, filter {:?} and stride {:?} must all be >= 1",
+                p.filter, p.stride
+            )));
+        }
+        let (pad_top, pad_bottom, pad_left, pad_right) = match p.padding {
+            Padding::Same => (
+                (filter_h - 1) / 2,
+                (filter_h - 1) / 2,
+                (filter_w - 1) / 2,
+                (filter_w - 1) / 2,
+            ),
+            Padding::Valid => (0, 0, 0, 0),
+            Padding::Explicit {
+                top,
+                bottom,
+                left,
+                right,
+            } => (top, bottom, left, right),
+        };
+        let padded_h = h + pad_top + pad_bottom;
+        let padded_w = w + pad_left + pad_right;
+        if padded_h < filter_h || padded_w < filter_w {
+            return Err(invalid(format!(
+                "window {:?} is larger than the padded input {padded_h}x{padded_w}: \
+                 the output would be empty",
+                p.filter
+            )));
+        }
+        let h_out = (padded_h - filter_h) / stride_h + 1;
+        let w_out = (padded_w - filter_w) / stride_w + 1;
+        // Window starts grow monotonically, so only the first and the last window
+        // along each axis can lie entirely in the padding.
+        let padding_only = pad_top >= filter_h
+            || pad_left >= filter_w
+            || (h_out - 1) * stride_h >= h + pad_top
+            || (w_out - 1) * stride_w >= w + pad_left;
+        if padding_only {
+            return Err(invalid(format!(
+                "padding {:?} is so wide that a {:?} window would cover padding only",
+                p.padding, p.filter
+            )));
+        }
+        let geometry = Self {
+            n,
+            h,
+            w,
+            c,
+            filter_h,
+            filter_w,
+            stride_h,
+            stride_w,
+            pad_top,
+            pad_left,
+            h_out,
+            w_out,
+        };
+        if geometry.input_len() > MAX_ELEMENTS || geometry.output_len() > MAX_ELEMENTS {
+            return Err(invalid(format!(
+                "input or output ({:?}) exceeds the 2^31 element range of the kernels' indices",
+                geometry.output_dims()
+            )));
+        }
+        Ok(geometry)
+    }
+
+    fn input_dims(&self) -> [usize; 4] {
+        [self.n, self.h, self.w, self.c]
+    }
+
+    fn output_dims(&self) -> [usize; 4] {
+        [self.n, self.h_out, self.w_out, self.c]
+    }
+
+    fn input_len(&self) -> usize {
+        self.input_dims().iter().product()
+    }
+
+    fn output_len(&self) -> usize {
+        self.output_dims().iter().product()
+    }
+
+    fn input_index(&self, n: usize, r: usize, s: usize, ch: usize) -> usize {
+        ((n * self.h + r) * self.w + s) * self.c + ch
+    }
+
+    fn output_index(&self, n: usize, oh: usize, ow: usize, ch: usize) -> usize {
+        ((n * self.h_out + oh) * self.w_out + ow) * self.c + ch
+    }
+
+    /// In-bounds input rows of output row `oh`'s window.
+    fn window_rows(&self, oh: usize) -> Range<usize> {
+        window_span(oh, self.stride_h, self.pad_top, self.filter_h, self.h)
+    }
+
+    /// In-bounds input columns of output column `ow`'s window.
+    fn window_cols(&self, ow: usize) -> Range<usize> {
+        window_span(ow, self.stride_w, self.pad_left, self.filter_w, self.w)
+    }
+
+    /// Number of in-bounds elements in the window of output `(oh, ow)`.
+    fn window_count(&self, oh: usize, ow: usize) -> usize {
+        self.window_rows(oh).len() * self.window_cols(ow).len()
+    }
+
+    /// Output rows whose windows cover input row `ih`.
+    fn covering_rows(&self, ih: usize) -> Range<usize> {
+        covering_span(ih, self.stride_h, self.pad_top, self.filter_h, self.h_out)
+    }
+
+    /// Output columns whose windows cover input column `iw`.
+    fn covering_cols(&self, iw: usize) -> Range<usize> {
+        covering_span(iw, self.stride_w, self.pad_left, self.filter_w, self.w_out)
+    }
+
+    /// The kernels' uniform block (`Params` in pool_common.wgsl) for a launch over
+    /// `len` elements.
+    fn params(&self, len: usize, row_stride: u32) -> [u32; 14] {
+        [
+            self.n as u32,
+            self.h as u32,
+            self.w as u32,
+            self.c as u32,
+            self.h_out as u32,
+            self.w_out as u32,
+            self.filter_h as u32,
+            self.filter_w as u32,
+            self.stride_h as u32,
+            self.stride_w as u32,
+            self.pad_top as u32,
+            self.pad_left as u32,
+            len as u32,
+            row_stride,
+        ]
+    }
+}
+
+/// In-bounds positions of output position `o`'s window along one axis
+/// (`window_span` in pool_common.wgsl).
+fn window_span(o: usize, stride: usize, pad: usize, filter: usize, size: usize) -> Range<usize> {
+    let start = o * stride;
+    start.saturating_sub(pad)..(start + filter).saturating_sub(pad).min(size)
+}
+
+/// Output positions along one axis whose windows cover input position `i`
+/// (`covering_span` in pool_common.wgsl).
+fn covering_span(
+    i: usize,
+    stride: usize,
+    pad: usize,
+    filter: usize,
+    size_out: usize,
+) -> Range<usize> {
+    let hi = ((i + pad) / stride + 1).min(size_out);
+    let lo = (i + pad + 1).saturating_sub(filter).div_ceil(stride);
+    lo.min(hi)..hi
+}
+
+/// The first NaN wins, then strictly greater values: see the module docs.
+fn beats(candidate: f32, best: f32) -> bool {
+    if best.is_nan() {
+        false
+    } else {
+        candidate.is_nan() || candidate > best
+    }
+}
+
+fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
+    require_dtype(op, t, DType::F32)
+}
+
+fn require_dtype(op: &'static str, t: &Tensor, dtype: DType) -> Result<()> {
+    if t.dtype() == dtype {
+        Ok(())
+    } else {
+        Err(AetherError::InvalidShape {
+            op,
+            shape: t.dims().to_vec(),
+            reason: format!("expected {dtype:?}, got {:?}", t.dtype()),
+        })
+    }
+}
+
+fn require_dims(op: &'static str, t: &Tensor, expected: &[usize]) -> Result<()> {
+    if t.dims() == expected {
+        Ok(())
+    } else {
+        Err(AetherError::ShapeMismatch {
+            op,
+            expected: expected.to_vec(),
+            actual: t.dims().to_vec(),
+        })
+    }
+}
+
+fn gpu_buffer(t: &Tensor) -> &wgpu::Buffer {
+    t.gpu_buffer().expect("operand checked to be on the GPU")
+}
+
+/// The GPU context of a tensor that is not on the host.
+fn gpu_context(t: &Tensor) -> &Arc<GpuContext> {
+    t.gpu_context().expect("non-host tensor is on a GPU")
+}
+
+fn pipeline(
+    ctx: &GpuContext,
+    kernel: &'static str,
+    source: &'static str,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    ctx.pipelines()
+        .get_or_create(&PipelineKey::new(kernel, "portable"), "main", || {
+            source.into()
+        })
+        .ok_or_else(|| AetherError::NoKernelVariant {
+            kernel,
+            adapter: ctx.caps().adapter_name.clone(),
+            reasons: "failed to compile".into(),
+        })
+}
+
+/// Records one flat launch of `kernel` over `len` elements; `params` builds the
+/// uniform block from the grid's row stride.
+fn launch_flat(
+    ctx: &GpuContext,
+    kernel: &'static str,
+    source: &'static str,
+    buffers: &[&wgpu::Buffer],
+    len: usize,
+    params: impl FnOnce(u32) -> Vec<u32>,
+) -> Result<()> {
+    let pipeline = pipeline(ctx, kernel, source)?;
+    let (grid, row_stride) = flat_grid(
+        len,
+        WORKGROUP,
+        ctx.caps().limits.max_compute_workgroups_per_dimension,
+    );
+    let params = params(row_stride);
+    ctx.dispatch(
+        kernel,
+        &pipeline,
+        buffers,
+        bytemuck::cast_slice(&params),
+        grid,
+    )
+}
+
+/// Max pooling of NHWC f32 `x`: the output and, for each output element, the
+/// flat index into `x` of its max (a U32 tensor of the same shape). Padding never
+/// wins, ties go to the first element in r-major scan order, and a NaN in the
+/// window is the max (the first one, if several).
+pub fn max_pool2d(x: &Tensor, p: &PoolParams) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "max_pool2d";
+    require_f32(OP, x)?;
+    let g = PoolGeometry::new(OP, x.shape().nhwc(OP)?, p)?;
+    let out_dims = g.output_dims().to_vec();
+    if let Some(data) = x.host_f32() {
+        let row = g.w_out * g.c;
+        let mut values = vec![0.0f32; g.output_len()];
+        let mut argmax = vec![0u32; g.output_len()];
+        values
+            .par_chunks_mut(row)
+            .zip(argmax.par_chunks_mut(row))
+            .enumerate()
+            .for_each(|(row_index, (values, argmax))| {
+                let (n, oh) = (row_index / g.h_out, row_index % g.h_out);
+                let rows = g.window_rows(oh);
+                for ow in 0..g.w_out {
+                    let cols = g.window_cols(ow);
+                    for ch in 0..g.c {
+                        let mut best_index = g.input_index(n, rows.start, cols.start, ch);
+                        let mut best = data[best_index];
+                        for r in rows.clone() {
+                            for s in cols.clone() {
+                                let i = g.input_index(n, r, s, ch);
+                                if beats(data[i], best) {
+                                    best = data[i];
+                                    best_index = i;
+                                }
+                            }
+                        }
+                        values[ow * g.c + ch] = best;
+                        argmax[ow * g.c + ch] = best_index as u32;
+                    }
+                }
+            });
+        let device = x.device();
+        return Ok((
+            Tensor::from_f32(out_dims.clone(), values, &device)?,
+            Tensor::from_u32(out_dims, argmax, &device)?,
+        ));
+    }
+    let ctx = gpu_context(x);
+    let y = Tensor::uninit_gpu(ctx, Shape::new(out_dims.clone())?, DType::F32)?;
+    let argmax = Tensor::uninit_gpu(ctx, Shape::new(out_dims)?, DType::U32)?;
+    launch_flat(
+        ctx,
+        "pool_max_forward",
+        MAX_FORWARD,
+        &[gpu_buffer(x), gpu_buffer(&y), gpu_buffer(&argmax)],
+        g.output_len(),
+        |row_stride| g.params(g.output_len(), row_stride).to_vec(),
+    )?;
+    Ok((y, argmax))
+}
+
+/// Gradient of [`max_pool2d`] with respect to its input of shape `input_dims`:
+/// each input element gathers the `dy` of every covering window whose `argmax`
+/// is that element, summed in (oh, ow) order.
+pub fn max_pool2d_backward(
+    dy: &Tensor,
+    argmax: &Tensor,
+    input_dims: [usize; 4],
+    p: &PoolParams,
+) -> Result<Tensor> {
+    const OP: &str = "max_pool2d_backward";
+    require_f32(OP, dy)?;
+    require_dtype(OP, argmax, DType::U32)?;
+    let g = PoolGeometry::new(OP, input_dims, p)?;
+    require_dims(OP, dy, &g.output_dims())?;
+    require_dims(OP, argmax, &g.output_dims())?;
+    if !dy.device().same_as(&argmax.device()) {
+        return Err(AetherError::DeviceMismatch {
+            op: OP,
+            a: dy.device().name(),
+            b: argmax.device().name(),
+        });
+    }
+    if let (Some(dy_data), Some(argmax_data)) = (dy.host_f32(), argmax.host_u32()) {
+        let mut dx = vec![0.0f32; g.input_len()];
+        dx.par_chunks_mut(g.w * g.c)
+            .enumerate()
+            .for_each(|(row_index, dx_row)| {
+                let (n, ih) = (row_index / g.h, row_index % g.h);
+                let rows = g.covering_rows(ih);
+                for iw in 0..g.w {
+                    let cols = g.covering_cols(iw);
+                    for ch in 0..g.c {
+                        let i = g.input_index(n, ih, iw, ch);
+                        let mut sum = 0.0f32;
+                        for oh in rows.clone() {
+                            for ow in cols.clone() {
+                                let o = g.output_index(n, oh, ow, ch);
+                                if argmax_data[o] as usize == i {
+                                    sum += dy_data[o];
+                                }
+                            }
+                        }
+                        dx_row[iw * g.c + ch] = sum;
+                    }
+                }
+            });
+        return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
+    }
+    let ctx = gpu_context(dy);
+    let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
+    launch_flat(
+        ctx,
+        "pool_max_backward",
+        MAX_BACKWARD,
+        &[gpu_buffer(dy), gpu_buffer(argmax), gpu_buffer(&dx)],
+        g.input_len(),
+        |row_stride| g.params(g.input_len(), row_stride).to_vec(),
+    )?;
+    Ok(dx)
+}
+
+/// Average pooling of NHWC f32 `x`: the mean of each window's in-bounds elements
+/// (padding is not counted).
+pub fn avg_pool2d(x: &Tensor, p: &PoolParams) -> Result<Tensor> {
+    const OP: &str = "avg_pool2d";
+    require_f32(OP, x)?;
+    let g = PoolGeometry::new(OP, x.shape().nhwc(OP)?, p)?;
+    let out_dims = g.output_dims().to_vec();
+    if let Some(data) = x.host_f32() {
+        let mut values = vec![0.0f32; g.output_len()];
+        values
+            .par_chunks_mut(g.w_out * g.c)
+            .enumerate()
+            .for_each(|(row_index, values)| {
+                let (n, oh) = (row_index / g.h_out, row_index % g.h_out);
+                let rows = g.window_rows(oh);
+                for ow in 0..g.w_out {
+                    let cols = g.window_cols(ow);
+                    let count = g.window_count(oh, ow) as f32;
+                    for ch in 0..g.c {
+                        let mut sum = 0.0f32;
+                        for r in rows.clone() {
+                            for s in cols.clone() {
+                                sum += data[g.input_index(n, r, s, ch)];
+                            }
+                        }
+                        values[ow * g.c + ch] = sum / count;
+                    }
+                }
+            });
+        return Tensor::from_f32(out_dims, values, &x.device());
+    }
+    let ctx = gpu_context(x);
+    let y = Tensor::uninit_gpu(ctx, Shape::new(out_dims)?, DType::F32)?;
+    launch_flat(
+        ctx,
+        "pool_avg_forward",
+        AVG_FORWARD,
+        &[gpu_buffer(x), gpu_buffer(&y)],
+        g.output_len(),
+        |row_stride| g.params(g.output_len(), row_stride).to_vec(),
+    )?;
+    Ok(y)
+}
+
+/// Gradient of [`avg_pool2d`] with respect to its input of shape `input_dims`:
+/// each input element gathers `dy / count` from every window covering it.
+pub fn avg_pool2d_backward(dy: &Tensor, input_dims: [usize; 4], p: &PoolParams) -> Result<Tensor> {
+    const OP: &str = "avg_pool2d_backward";
+    require_f32(OP, dy)?;
+    let g = PoolGeometry::new(OP, input_dims, p)?;
+    require_dims(OP, dy, &g.output_dims())?;
+    if let Some(dy_data) = dy.host_f32() {
+        let mut dx = vec![0.0f32; g.input_len()];
+        dx.par_chunks_mut(g.w * g.c)
+            .enumerate()
+            .for_each(|(row_index, dx_row)| {
+                let (n, ih) = (row_index / g.h, row_index % g.h);
+                let rows = g.covering_rows(ih);
+                for iw in 0..g.w {
+                    let cols = g.covering_cols(iw);
+                    for ch in 0..g.c {
+                        let mut sum = 0.0f32;
+                        for oh in rows.clone() {
+                            for ow in cols.clone() {
+                                let count = g.window_count(oh, ow) as f32;
+                                sum += dy_data[g.output_index(n, oh, ow, ch)] / count;
+                            }
+                        }
+                        dx_row[iw * g.c + ch] = sum;
+                    }
+                }
+            });
+        return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
+    }
+    let ctx = gpu_context(dy);
+    let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
+    launch_flat(
+        ctx,
+        "pool_avg_backward",
+        AVG_BACKWARD,
+        &[gpu_buffer(dy), gpu_buffer(&dx)],
+        g.input_len(),
+        |row_stride| g.params(g.input_len(), row_stride).to_vec(),
+    )?;
+    Ok(dx)
+}
+
+/// Checks the input dims of a global pooling and returns them.
+fn global_dims(op: &'static str, dims: &[usize]) -> Result<[usize; 4]> {
+    let [n, h, w, c] = Shape::new(dims.to_vec())
+        .map_err(|_| AetherError::InvalidShape {
+            op,
+            shape: dims.to_vec(),
+            reason: "every size must be >= 1".into(),
+        })?
+        .nhwc(op)?;
+    if n * h * w * c > MAX_ELEMENTS {
+        return Err(AetherError::InvalidShape {
+            op,
+            shape: dims.to_vec(),
+            reason: "exceeds the 2^31 element range of the kernels' indices".into(),
+        });
+    }
+    Ok([n, h, w, c])
+}
+
+/// Sum of one (n, c) plane in the GPU kernel's order: lane `t` adds elements
+/// `t, t + 256, ...` in turn, then a tree with strides 128 .. 1 adds the lanes.
+fn plane_sum(plane: impl Fn(usize) -> f32, hw: usize) -> f32 {
+    let mut lanes = [0.0f32; WORKGROUP as usize];
+    for (lane, partial) in lanes.iter_mut().enumerate() {
+        for i in (lane..hw).step_by(WORKGROUP as usize) {
+            *partial += plane(i);
+        }
+    }
+    let mut stride = lanes.len() / 2;
+    while stride > 0 {
+        for lane in 0..stride {
+            lanes[lane] += lanes[lane + stride];
+        }
+        stride /= 2;
+    }
+    lanes[0]
+}
+
+/// Mean over H and W of NHWC f32 `x`: `[N, H, W, C] -> [N, C]`, reduced in a fixed
+/// order so two runs give the same bits.
+pub fn global_avg_pool(x: &Tensor) -> Result<Tensor> {
+    const OP: &str = "global_avg_pool";
+    require_f32(OP, x)?;
+    let [n, h, w, c] = global_dims(OP, x.dims())?;
+    let hw = h * w;
+    if let Some(data) = x.host_f32() {
+        let values = (0..n * c)
+            .into_par_iter()
+            .map(|pair| {
+                let base = (pair / c) * hw * c + pair % c;
+                plane_sum(|i| data[base + i * c], hw) / hw as f32
+            })
+            .collect();
+        return Tensor::from_f32(vec![n, c], values, &x.device());
+    }
+    let ctx = gpu_context(x);
+    let pipeline = pipeline(ctx, "pool_global_avg_forward", GLOBAL_AVG_FORWARD)?;
+    let y = Tensor::uninit_gpu(ctx, Shape::new(vec![n, c])?, DType::F32)?;
+    // One workgroup per (n, c) pair.
+    let (grid, row_stride) = flat_grid(
+        n * c,
+        1,
+        ctx.caps().limits.max_compute_workgroups_per_dimension,
+    );
+    let params = [hw as u32, c as u32, (n * c) as u32, row_stride];
+    ctx.dispatch(
+        "pool_global_avg_forward",
+        &pipeline,
+        &[gpu_buffer(x), gpu_buffer(&y)],
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok(y)
+}
+
+/// Gradient of [`global_avg_pool`] with respect to its input of shape
+/// `input_dims`: `dx[n, h, w, c] = dy[n, c] / (H * W)`.
+pub fn global_avg_pool_backward(dy: &Tensor, input_dims: [usize; 4]) -> Result<Tensor> {
+    const OP: &str = "global_avg_pool_backward";
+    require_f32(OP, dy)?;
+    let [n, h, w, c] = global_dims(OP, &input_dims)?;
+    require_dims(OP, dy, &[n, c])?;
+    let hw = h * w;
+    if let Some(dy_data) = dy.host_f32() {
+        let scale = hw as f32;
+        let dx = (0..n * hw * c)
+            .into_par_iter()
+            .map(|i| dy_data[(i / (hw * c)) * c + i % c] / scale)
+            .collect();
+        return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
+    }
+    let ctx = gpu_context(dy);
+    let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
+    let len = n * hw * c;
+    launch_flat(
+        ctx,
+        "pool_global_avg_backward",
+        GLOBAL_AVG_BACKWARD,
+        &[gpu_buffer(dy), gpu_buffer(&dx)],
+        len,
+        |row_stride| vec![len as u32, hw as u32, c as u32, row_stride],
+    )?;
+    Ok(dx)
+}
