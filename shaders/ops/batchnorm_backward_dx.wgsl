@@ -1,0 +1,33 @@
+// Batch norm backward, input gradient, from the finished per-channel sums:
+// dx = gamma * inv_std * (dy - sum(dy) / count - xhat * sum(dy * xhat) / count),
+// the standard formula gamma * inv_std / count * (count * dy - ...) rearranged.
+
+@group(0) @binding(0) var<storage, read> dy: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> mean: array<f32>;
+@group(0) @binding(3) var<storage, read> inv_std: array<f32>;
+@group(0) @binding(4) var<storage, read> gamma: array<f32>;
+@group(0) @binding(5) var<storage, read> sum_dy: array<f32>;
+@group(0) @binding(6) var<storage, read> sum_dy_xhat: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dx: array<f32>;
+
+struct Params {
+    len: u32,
+    channels: u32,
+    count: u32,
+    row_stride: u32,
+}
+@group(0) @binding(8) var<uniform> params: Params;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * params.row_stride;
+    if (i >= params.len) {
+        return;
+    }
+    let c = i % params.channels;
+    let count = f32(params.count);
+    let s = inv_std[c];
+    let xhat = (x[i] - mean[c]) * s;
+    dx[i] = gamma[c] * s * (dy[i] - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count));
+}

@@ -1,0 +1,36 @@
+// Batch norm backward, pass 1: per chunk of rows, the per-channel partials of
+// sum(dy) (-> dbeta) and sum(dy * xhat) (-> dgamma), xhat = (x - mean) * inv_std.
+
+@group(0) @binding(0) var<storage, read> dy: array<f32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> mean: array<f32>;
+@group(0) @binding(3) var<storage, read> inv_std: array<f32>;
+@group(0) @binding(4) var<storage, read_write> partial_dy: array<f32>;
+@group(0) @binding(5) var<storage, read_write> partial_dy_xhat: array<f32>;
+@group(0) @binding(6) var<uniform> params: ReduceParams;
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let group = group_index(wid);
+    if (group >= params.groups) {
+        return;
+    }
+    let channel = (group % params.channel_tiles) * TILE_CHANNELS + lid.x;
+    let chunk = group / params.channel_tiles;
+    var sums = vec2(0.0, 0.0);
+    if (channel < params.channels) {
+        let m = mean[channel];
+        let s = inv_std[channel];
+        let end = min((chunk + 1u) * params.chunk_rows, params.rows);
+        for (var row = chunk * params.chunk_rows + lid.y; row < end; row += ROW_LANES) {
+            let i = row * params.channels + channel;
+            let g = dy[i];
+            sums += vec2(g, g * ((x[i] - m) * s));
+        }
+    }
+    let total = reduce_lanes(lid, sums);
+    if (lid.y == 0u && channel < params.channels) {
+        partial_dy[chunk * params.channels + channel] = total.x;
+        partial_dy_xhat[chunk * params.channels + channel] = total.y;
+    }
+}

@@ -1,0 +1,34 @@
+// Batch norm forward: y = (x - mean[c]) * inv_std[c] * gamma[c] + beta[c], c the
+// last (channel) axis. `spread` holds inv_std (training) or, with
+// spread_is_variance = 1, the running variance (inference), turned into
+// 1 / sqrt(var + eps) here.
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> mean: array<f32>;
+@group(0) @binding(2) var<storage, read> spread: array<f32>;
+@group(0) @binding(3) var<storage, read> gamma: array<f32>;
+@group(0) @binding(4) var<storage, read> beta: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+struct Params {
+    len: u32,
+    channels: u32,
+    row_stride: u32,
+    spread_is_variance: u32,
+    eps: f32,
+}
+@group(0) @binding(6) var<uniform> params: Params;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * params.row_stride;
+    if (i >= params.len) {
+        return;
+    }
+    let c = i % params.channels;
+    var inv_std = spread[c];
+    if (params.spread_is_variance != 0u) {
+        inv_std = 1.0 / sqrt(inv_std + params.eps);
+    }
+    y[i] = (x[i] - mean[c]) * inv_std * gamma[c] + beta[c];
+}

@@ -1,0 +1,612 @@
+//! Batch normalization over the last (channel) axis, on the CPU and the GPU.
+//!
+//! The input is NHWC `[N, H, W, C]` or dense `[N, C]` (any rank >= 2 works: the last
+//! axis is the channel); statistics are taken over every other element, so each
+//! channel has `count = numel / C` values, seen as `count` rows of `C`.
+//!
+//! Numerics: the mean comes first, then the variance as the mean of squared
+//! deviations from it. The one-pass `E[x^2] - E[x]^2` cancels catastrophically
+//! when activations carry an offset, which is exactly when batch norm matters.
+//!
+//! Determinism: every reduction sums fixed chunks of [`CHUNK_ROWS`] rows into a
+//! per-channel partials buffer `[chunks, C]` (on the GPU: in-order row lanes, then
+//! a fixed workgroup tree), and a second pass adds the partials in chunk order.
+//! No atomics, so two runs on the same input give identical bits. The CPU path
+//! accumulates in f64 over the same chunks.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::error::{AetherError, Result};
+use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::tensor::{DType, Shape, Tensor};
+
+const REDUCE_PRELUDE: &str = include_str!("../../shaders/ops/batchnorm_reduce.wgsl");
+const SUM_SHADER: &str = include_str!("../../shaders/ops/batchnorm_sum.wgsl");
+const SUM_SQ_DEV_SHADER: &str = include_str!("../../shaders/ops/batchnorm_sum_sq_dev.wgsl");
+const BACKWARD_SUMS_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_sums.wgsl");
+const FINALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_finalize.wgsl");
+const NORMALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_normalize.wgsl");
+const BACKWARD_DX_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl");
+const RUNNING_SHADER: &str = include_str!("../../shaders/ops/batchnorm_running.wgsl");
+
+/// Rows summed into one partial, on both paths. Fixed, so the grouping (and thus
+/// the rounding) never depends on the hardware or the thread count.
+pub const CHUNK_ROWS: usize = 256;
+/// Channels per partial-sum workgroup (`TILE_CHANNELS` in batchnorm_reduce.wgsl).
+const TILE_CHANNELS: usize = 16;
+const ELEMENTWISE_WORKGROUP: u32 = 256;
+/// Workgroup size of the per-channel kernels (finalize, running statistics).
+const CHANNEL_WORKGROUP: u32 = 64;
+
+/// Batch statistics of one training step, both `[C]` f32: what the backward pass
+/// and the running-statistics update need.
+#[derive(Clone, Debug)]
+pub struct BatchNormStats {
+    pub mean: Tensor,
+    /// `1 / sqrt(var + eps)`, `var` the biased batch variance.
+    pub inv_std: Tensor,
+}
+
+/// Training-mode forward: normalizes `x` with its own batch statistics,
+/// `y = (x - mean) * inv_std * gamma + beta`, and returns them for the backward
+/// pass. `gamma` and `beta` are `[C]`.
+pub fn batch_norm_train(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, BatchNormStats)> {
+    const OP: &str = "batch_norm_train";
+    let layout = Layout::of(OP, x)?;
+    require_channel_vectors(OP, layout.channels, &[gamma, beta])?;
+    same_device(OP, &[x, gamma, beta])?;
+    if let (Some(xs), Some(g), Some(b)) = (x.host_f32(), gamma.host_f32(), beta.host_f32()) {
+        let (y, mean, inv_std) = train_cpu(xs, g, b, layout, eps);
+        let device = x.device();
+        let stats = BatchNormStats {
+            mean: Tensor::from_f32(vec![layout.channels], mean, &device)?,
+            inv_std: Tensor::from_f32(vec![layout.channels], inv_std, &device)?,
+        };
+        return Ok((Tensor::from_f32(x.dims().to_vec(), y, &device)?, stats));
+    }
+    let ctx = gpu_context(x);
+    let [sums] = partial_sums(ctx, "batchnorm_sum", SUM_SHADER, &[x], layout)?;
+    let mean = finalize(ctx, &sums, layout, Finish::Mean, eps)?;
+    let [squares] = partial_sums(
+        ctx,
+        "batchnorm_sum_sq_dev",
+        SUM_SQ_DEV_SHADER,
+        &[x, &mean],
+        layout,
+    )?;
+    let inv_std = finalize(ctx, &squares, layout, Finish::InvStd, eps)?;
+    let y = normalize_gpu(ctx, x, &mean, &inv_std, gamma, beta, None)?;
+    Ok((y, BatchNormStats { mean, inv_std }))
+}
+
+/// The running statistics after one training step, as new tensors, in the
+/// Keras/Aether-ML convention `running = momentum * running + (1 - momentum) * batch`
+/// (so `momentum` near 1, e.g. 0.99, moves slowly). The batch variance is
+/// recovered from `stats.inv_std` as `1 / inv_std^2 - eps` and made unbiased,
+/// times `count / (count - 1)`, before it enters the running variance; `count`
+/// is the number of values per channel (`numel / C`) of the batch and must be at
+/// least 2. `eps` must be the one the statistics were computed with.
+pub fn update_running_stats(
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    stats: &BatchNormStats,
+    count: usize,
+    momentum: f32,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "update_running_stats";
+    let channels = running_mean.numel();
+    require_channel_vectors(
+        OP,
+        channels,
+        &[running_mean, running_var, &stats.mean, &stats.inv_std],
+    )?;
+    same_device(
+        OP,
+        &[running_mean, running_var, &stats.mean, &stats.inv_std],
+    )?;
+    if count < 2 {
+        return Err(AetherError::InvalidShape {
+            op: OP,
+            shape: vec![count, channels],
+            reason: "the unbiased variance needs at least 2 values per channel".into(),
+        });
+    }
+    let unbiased_scale = (count as f64 / (count as f64 - 1.0)) as f32;
+    if let (Some(rm), Some(rv), Some(mean), Some(inv_std)) = (
+        running_mean.host_f32(),
+        running_var.host_f32(),
+        stats.mean.host_f32(),
+        stats.inv_std.host_f32(),
+    ) {
+        let mut new_mean = Vec::with_capacity(channels);
+        let mut new_var = Vec::with_capacity(channels);
+        for c in 0..channels {
+            let s = inv_std[c];
+            let batch_var = (1.0 / (s * s) - eps).max(0.0) * unbiased_scale;
+            new_mean.push(momentum * rm[c] + (1.0 - momentum) * mean[c]);
+            new_var.push(momentum * rv[c] + (1.0 - momentum) * batch_var);
+        }
+        let device = running_mean.device();
+        return Ok((
+            Tensor::from_f32(vec![channels], new_mean, &device)?,
+            Tensor::from_f32(vec![channels], new_var, &device)?,
+        ));
+    }
+    let ctx = gpu_context(running_mean);
+    let pipeline = pipeline(ctx, "batchnorm_running", || RUNNING_SHADER.into())?;
+    let new_mean = Tensor::uninit_gpu(ctx, Shape::new([channels])?, DType::F32)?;
+    let new_var = Tensor::uninit_gpu(ctx, Shape::new([channels])?, DType::F32)?;
+    let (grid, row_stride) = flat_grid(channels, CHANNEL_WORKGROUP, max_groups(ctx));
+    let params = [
+        channels as u32,
+        row_stride,
+        momentum.to_bits(),
+        eps.to_bits(),
+        unbiased_scale.to_bits(),
+    ];
+    ctx.dispatch(
+        "batchnorm_running",
+        &pipeline,
+        &[
+            buf(running_mean),
+            buf(running_var),
+            buf(&stats.mean),
+            buf(&stats.inv_std),
+            buf(&new_mean),
+            buf(&new_var),
+        ],
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok((new_mean, new_var))
+}
+
+/// Inference-mode forward with the running statistics:
+/// `y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta`; all four
+/// vectors are `[C]`.
+pub fn batch_norm_inference(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
+    const OP: &str = "batch_norm_inference";
+    let layout = Layout::of(OP, x)?;
+    let vectors = [gamma, beta, running_mean, running_var];
+    require_channel_vectors(OP, layout.channels, &vectors)?;
+    same_device(OP, &[x, gamma, beta, running_mean, running_var])?;
+    if let (Some(xs), Some(g), Some(b), Some(rm), Some(rv)) = (
+        x.host_f32(),
+        gamma.host_f32(),
+        beta.host_f32(),
+        running_mean.host_f32(),
+        running_var.host_f32(),
+    ) {
+        let inv_std: Vec<f32> = rv.iter().map(|&v| 1.0 / (v + eps).sqrt()).collect();
+        let y = normalize_cpu(xs, rm, &inv_std, g, b);
+        return Tensor::from_f32(x.dims().to_vec(), y, &x.device());
+    }
+    let ctx = gpu_context(x);
+    normalize_gpu(ctx, x, running_mean, running_var, gamma, beta, Some(eps))
+}
+
+/// Training-mode backward: `(dx, dgamma, dbeta)` for the upstream gradient `dy`
+/// (shaped like `x`), with the statistics [`batch_norm_train`] returned:
+/// `dgamma = sum(dy * xhat)`, `dbeta = sum(dy)` per channel and
+/// `dx = gamma * inv_std / count * (count * dy - dbeta - xhat * dgamma)`,
+/// `xhat = (x - mean) * inv_std`.
+pub fn batch_norm_backward(
+    dy: &Tensor,
+    x: &Tensor,
+    gamma: &Tensor,
+    stats: &BatchNormStats,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "batch_norm_backward";
+    let layout = Layout::of(OP, x)?;
+    require_f32(OP, dy)?;
+    if dy.dims() != x.dims() {
+        return Err(AetherError::ShapeMismatch {
+            op: OP,
+            expected: x.dims().to_vec(),
+            actual: dy.dims().to_vec(),
+        });
+    }
+    require_channel_vectors(OP, layout.channels, &[gamma, &stats.mean, &stats.inv_std])?;
+    same_device(OP, &[dy, x, gamma, &stats.mean, &stats.inv_std])?;
+    if let (Some(dys), Some(xs), Some(g), Some(mean), Some(inv_std)) = (
+        dy.host_f32(),
+        x.host_f32(),
+        gamma.host_f32(),
+        stats.mean.host_f32(),
+        stats.inv_std.host_f32(),
+    ) {
+        let (dx, dgamma, dbeta) = backward_cpu(dys, xs, g, mean, inv_std, layout);
+        let device = x.device();
+        return Ok((
+            Tensor::from_f32(x.dims().to_vec(), dx, &device)?,
+            Tensor::from_f32(vec![layout.channels], dgamma, &device)?,
+            Tensor::from_f32(vec![layout.channels], dbeta, &device)?,
+        ));
+    }
+    let ctx = gpu_context(x);
+    let [partial_dy, partial_dy_xhat] = partial_sums(
+        ctx,
+        "batchnorm_backward_sums",
+        BACKWARD_SUMS_SHADER,
+        &[dy, x, &stats.mean, &stats.inv_std],
+        layout,
+    )?;
+    let dbeta = finalize(ctx, &partial_dy, layout, Finish::Sum, 0.0)?;
+    let dgamma = finalize(ctx, &partial_dy_xhat, layout, Finish::Sum, 0.0)?;
+    let pipeline = pipeline(ctx, "batchnorm_backward_dx", || BACKWARD_DX_SHADER.into())?;
+    let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
+    let len = x.numel();
+    let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
+    let params = [
+        len as u32,
+        layout.channels as u32,
+        layout.rows as u32,
+        row_stride,
+    ];
+    ctx.dispatch(
+        "batchnorm_backward_dx",
+        &pipeline,
+        &[
+            buf(dy),
+            buf(x),
+            buf(&stats.mean),
+            buf(&stats.inv_std),
+            buf(gamma),
+            buf(&dbeta),
+            buf(&dgamma),
+            buf(&dx),
+        ],
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok((dx, dgamma, dbeta))
+}
+
+/// `x` seen as `rows` rows of `channels` values.
+#[derive(Clone, Copy)]
+struct Layout {
+    channels: usize,
+    rows: usize,
+}
+
+impl Layout {
+    fn of(op: &'static str, x: &Tensor) -> Result<Self> {
+        require_f32(op, x)?;
+        match x.dims() {
+            [.., _, channels] => Ok(Self {
+                channels: *channels,
+                rows: x.numel() / channels,
+            }),
+            dims => Err(AetherError::InvalidShape {
+                op,
+                shape: dims.to_vec(),
+                reason: "expected rank >= 2 with channels last ([N, H, W, C] or [N, C])".into(),
+            }),
+        }
+    }
+}
+
+/// Checks that each tensor is an f32 `[channels]` vector.
+fn require_channel_vectors(op: &'static str, channels: usize, tensors: &[&Tensor]) -> Result<()> {
+    for t in tensors {
+        require_f32(op, t)?;
+        if t.dims() != [channels] {
+            return Err(AetherError::ShapeMismatch {
+                op,
+                expected: vec![channels],
+                actual: t.dims().to_vec(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype() == DType::F32 {
+        Ok(())
+    } else {
+        Err(AetherError::InvalidShape {
+            op,
+            shape: t.dims().to_vec(),
+            reason: format!("expected F32, got {:?}", t.dtype()),
+        })
+    }
+}
+
+fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
+    let first = tensors[0].device();
+    match tensors.iter().find(|t| !t.device().same_as(&first)) {
+        None => Ok(()),
+        Some(other) => Err(AetherError::DeviceMismatch {
+            op,
+            a: first.name(),
+            b: other.device().name(),
+        }),
+    }
+}
+
+// ---- CPU path -------------------------------------------------------------
+
+/// Per-channel sums of `K` terms, `term(flat index)` for every element: f64
+/// partials over chunks of [`CHUNK_ROWS`] rows (in parallel), added in chunk order.
+fn cpu_channel_sums<const K: usize>(
+    layout: Layout,
+    term: impl Fn(usize) -> [f64; K] + Sync,
+) -> [Vec<f64>; K] {
+    let Layout { channels, rows } = layout;
+    let zeros = || std::array::from_fn(|_| vec![0.0; channels]);
+    let partials: Vec<[Vec<f64>; K]> = (0..rows.div_ceil(CHUNK_ROWS))
+        .into_par_iter()
+        .map(|chunk| {
+            let mut sums: [Vec<f64>; K] = zeros();
+            let end = ((chunk + 1) * CHUNK_ROWS).min(rows);
+            for row in chunk * CHUNK_ROWS..end {
+                for c in 0..channels {
+                    let terms = term(row * channels + c);
+                    for (sum, t) in sums.iter_mut().zip(terms) {
+                        sum[c] += t;
+                    }
+                }
+            }
+            sums
+        })
+        .collect();
+    let mut total: [Vec<f64>; K] = zeros();
+    for partial in &partials {
+        for (sum, part) in total.iter_mut().zip(partial) {
+            for (s, p) in sum.iter_mut().zip(part) {
+                *s += p;
+            }
+        }
+    }
+    total
+}
+
+/// `(y, mean, inv_std)` of the training forward.
+fn train_cpu(
+    x: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+    layout: Layout,
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let channels = layout.channels;
+    let count = layout.rows as f64;
+    let [sums] = cpu_channel_sums(layout, |i| [f64::from(x[i])]);
+    let mean: Vec<f64> = sums.iter().map(|s| s / count).collect();
+    let [squares] = cpu_channel_sums(layout, |i| {
+        let d = f64::from(x[i]) - mean[i % channels];
+        [d * d]
+    });
+    let inv_std: Vec<f32> = squares
+        .iter()
+        .map(|s| (1.0 / (s / count + f64::from(eps)).sqrt()) as f32)
+        .collect();
+    let mean: Vec<f32> = mean.iter().map(|&m| m as f32).collect();
+    let y = normalize_cpu(x, &mean, &inv_std, gamma, beta);
+    (y, mean, inv_std)
+}
+
+/// `(x - mean) * inv_std * gamma + beta` per channel, in the GPU kernel's order.
+fn normalize_cpu(
+    x: &[f32],
+    mean: &[f32],
+    inv_std: &[f32],
+    gamma: &[f32],
+    beta: &[f32],
+) -> Vec<f32> {
+    let channels = mean.len();
+    let mut y = vec![0.0; x.len()];
+    y.par_chunks_mut(channels * CHUNK_ROWS)
+        .zip(x.par_chunks(channels * CHUNK_ROWS))
+        .for_each(|(y_rows, x_rows)| {
+            for (y_row, x_row) in y_rows.chunks_mut(channels).zip(x_rows.chunks(channels)) {
+                for c in 0..channels {
+                    y_row[c] = (x_row[c] - mean[c]) * inv_std[c] * gamma[c] + beta[c];
+                }
+            }
+        });
+    y
+}
+
+/// `(dx, dgamma, dbeta)` of the training backward.
+fn backward_cpu(
+    dy: &[f32],
+    x: &[f32],
+    gamma: &[f32],
+    mean: &[f32],
+    inv_std: &[f32],
+    layout: Layout,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let channels = layout.channels;
+    let count = layout.rows as f64;
+    let xhat = |i: usize| {
+        let c = i % channels;
+        (f64::from(x[i]) - f64::from(mean[c])) * f64::from(inv_std[c])
+    };
+    let [sum_dy, sum_dy_xhat] = cpu_channel_sums(layout, |i| {
+        let g = f64::from(dy[i]);
+        [g, g * xhat(i)]
+    });
+    let mut dx = vec![0.0; x.len()];
+    dx.par_chunks_mut(channels * CHUNK_ROWS)
+        .enumerate()
+        .for_each(|(chunk, dx_rows)| {
+            let first = chunk * channels * CHUNK_ROWS;
+            for (offset, d) in dx_rows.iter_mut().enumerate() {
+                let i = first + offset;
+                let c = i % channels;
+                let scale = f64::from(gamma[c]) * f64::from(inv_std[c]);
+                let centered =
+                    f64::from(dy[i]) - sum_dy[c] / count - xhat(i) * (sum_dy_xhat[c] / count);
+                *d = (scale * centered) as f32;
+            }
+        });
+    let narrow = |v: Vec<f64>| v.into_iter().map(|s| s as f32).collect();
+    (dx, narrow(sum_dy_xhat), narrow(sum_dy))
+}
+
+// ---- GPU path -------------------------------------------------------------
+
+/// What the second reduction pass makes of a channel's total.
+#[derive(Clone, Copy)]
+enum Finish {
+    Mean = 0,
+    InvStd = 1,
+    Sum = 2,
+}
+
+fn gpu_context(t: &Tensor) -> &Arc<GpuContext> {
+    t.gpu_context()
+        .expect("a tensor not on the host is on a GPU")
+}
+
+fn buf(t: &Tensor) -> &wgpu::Buffer {
+    t.gpu_buffer().expect("operand checked to be on the GPU")
+}
+
+fn max_groups(ctx: &GpuContext) -> u32 {
+    ctx.caps().limits.max_compute_workgroups_per_dimension
+}
+
+fn pipeline(
+    ctx: &GpuContext,
+    kernel: &'static str,
+    source: impl FnOnce() -> std::borrow::Cow<'static, str>,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    ctx.pipelines()
+        .get_or_create(&PipelineKey::new(kernel, "portable"), "main", source)
+        .ok_or_else(|| AetherError::NoKernelVariant {
+            kernel,
+            adapter: ctx.caps().adapter_name.clone(),
+            reasons: "failed to compile".into(),
+        })
+}
+
+/// Records a partial-sum kernel (`source` after the reduce prelude): one workgroup
+/// per (channel tile, chunk of rows), writing `K` partials buffers `[chunks, C]`
+/// bound after `inputs`.
+fn partial_sums<const K: usize>(
+    ctx: &Arc<GpuContext>,
+    kernel: &'static str,
+    source: &'static str,
+    inputs: &[&Tensor],
+    layout: Layout,
+) -> Result<[Tensor; K]> {
+    let pipeline = pipeline(ctx, kernel, || [REDUCE_PRELUDE, source].concat().into())?;
+    let chunks = layout.rows.div_ceil(CHUNK_ROWS);
+    let mut partials = Vec::with_capacity(K);
+    for _ in 0..K {
+        partials.push(Tensor::uninit_gpu(
+            ctx,
+            Shape::new([chunks, layout.channels])?,
+            DType::F32,
+        )?);
+    }
+    let channel_tiles = layout.channels.div_ceil(TILE_CHANNELS);
+    let groups = channel_tiles * chunks;
+    let (grid, group_stride) = flat_grid(groups, 1, max_groups(ctx));
+    let params = [
+        layout.channels as u32,
+        layout.rows as u32,
+        CHUNK_ROWS as u32,
+        channel_tiles as u32,
+        groups as u32,
+        group_stride,
+    ];
+    let buffers: Vec<&wgpu::Buffer> = inputs.iter().copied().chain(&partials).map(buf).collect();
+    ctx.dispatch(
+        kernel,
+        &pipeline,
+        &buffers,
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok(partials
+        .try_into()
+        .expect("exactly K partials buffers were made"))
+}
+
+/// Records the second reduction pass: per channel, the partials summed in chunk
+/// order and finished as `finish` says.
+fn finalize(
+    ctx: &Arc<GpuContext>,
+    partials: &Tensor,
+    layout: Layout,
+    finish: Finish,
+    eps: f32,
+) -> Result<Tensor> {
+    let pipeline = pipeline(ctx, "batchnorm_finalize", || FINALIZE_SHADER.into())?;
+    let out = Tensor::uninit_gpu(ctx, Shape::new([layout.channels])?, DType::F32)?;
+    let (grid, row_stride) = flat_grid(layout.channels, CHANNEL_WORKGROUP, max_groups(ctx));
+    let params = [
+        layout.channels as u32,
+        layout.rows.div_ceil(CHUNK_ROWS) as u32,
+        layout.rows as u32,
+        eps.to_bits(),
+        finish as u32,
+        row_stride,
+    ];
+    ctx.dispatch(
+        "batchnorm_finalize",
+        &pipeline,
+        &[buf(partials), buf(&out)],
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok(out)
+}
+
+/// Records the normalize kernel. `spread` is inv_std, or with `variance_eps` the
+/// variance to turn into `1 / sqrt(var + eps)`.
+fn normalize_gpu(
+    ctx: &Arc<GpuContext>,
+    x: &Tensor,
+    mean: &Tensor,
+    spread: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    variance_eps: Option<f32>,
+) -> Result<Tensor> {
+    let pipeline = pipeline(ctx, "batchnorm_normalize", || NORMALIZE_SHADER.into())?;
+    let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
+    let len = x.numel();
+    let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
+    let params = [
+        len as u32,
+        mean.numel() as u32,
+        row_stride,
+        u32::from(variance_eps.is_some()),
+        variance_eps.unwrap_or(0.0).to_bits(),
+    ];
+    ctx.dispatch(
+        "batchnorm_normalize",
+        &pipeline,
+        &[
+            buf(x),
+            buf(mean),
+            buf(spread),
+            buf(gamma),
+            buf(beta),
+            buf(&y),
+        ],
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok(y)
+}

@@ -1,0 +1,507 @@
+//! Batch normalization on every device, checked against an f64 reference written
+//! here straight from the definition. Bounds: 1e-5 norm-relative (||got - want|| /
+//! ||want||) for y, dx, dgamma and dbeta; 1e-5 relative per channel for the
+//! statistics. Inputs carry an offset (x = 3 + u, u uniform in [-1, 1)) so that a
+//! wrong mean or a cancelling variance formula shows.
+
+mod common;
+
+use aether::ops::batchnorm::{
+    BatchNormStats, CHUNK_ROWS, batch_norm_backward, batch_norm_inference, batch_norm_train,
+    update_running_stats,
+};
+use aether::{AetherError, Device, Tensor};
+use common::Rng;
+
+const EPS: f32 = 1e-3;
+const BOUND: f64 = 1e-5;
+/// Images, a channel count that is a multiple of nothing, dense data, and a batch
+/// whose 1088 values per channel span several partial-sum chunks (the last one
+/// partly filled).
+const SHAPES: [&[usize]; 4] = [&[5, 3, 7, 6], &[1, 2, 3, 33], &[7, 13], &[4, 16, 17, 5]];
+
+fn channels_of(dims: &[usize]) -> usize {
+    dims[dims.len() - 1]
+}
+
+fn offset_data(rng: &mut Rng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| 3.0 + rng.uniform()).collect()
+}
+
+/// Per-channel (mean, biased variance), two passes in f64.
+fn reference_stats(x: &[f64], channels: usize) -> (Vec<f64>, Vec<f64>) {
+    let count = (x.len() / channels) as f64;
+    let mut mean = vec![0.0; channels];
+    for (i, v) in x.iter().enumerate() {
+        mean[i % channels] += v / count;
+    }
+    let mut var = vec![0.0; channels];
+    for (i, v) in x.iter().enumerate() {
+        var[i % channels] += (v - mean[i % channels]).powi(2) / count;
+    }
+    (mean, var)
+}
+
+/// y = (x - mean) / sqrt(var + eps) * gamma + beta with the batch's own statistics.
+fn reference_forward(x: &[f64], gamma: &[f64], beta: &[f64], eps: f64) -> Vec<f64> {
+    let channels = gamma.len();
+    let (mean, var) = reference_stats(x, channels);
+    x.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let c = i % channels;
+            (v - mean[c]) / (var[c] + eps).sqrt() * gamma[c] + beta[c]
+        })
+        .collect()
+}
+
+/// (dx, dgamma, dbeta) from the textbook formula, in f64.
+fn reference_backward(
+    dy: &[f64],
+    x: &[f64],
+    gamma: &[f64],
+    eps: f64,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let channels = gamma.len();
+    let count = (x.len() / channels) as f64;
+    let (mean, var) = reference_stats(x, channels);
+    let inv_std: Vec<f64> = var.iter().map(|v| 1.0 / (v + eps).sqrt()).collect();
+    let xhat: Vec<f64> = x
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (v - mean[i % channels]) * inv_std[i % channels])
+        .collect();
+    let mut dgamma = vec![0.0; channels];
+    let mut dbeta = vec![0.0; channels];
+    for i in 0..x.len() {
+        dgamma[i % channels] += dy[i] * xhat[i];
+        dbeta[i % channels] += dy[i];
+    }
+    let dx = (0..x.len())
+        .map(|i| {
+            let c = i % channels;
+            gamma[c] * inv_std[c] / count * (count * dy[i] - dbeta[c] - xhat[i] * dgamma[c])
+        })
+        .collect();
+    (dx, dgamma, dbeta)
+}
+
+fn wide(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| f64::from(x)).collect()
+}
+
+fn norm_relative(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let diff: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&g, w)| (f64::from(g) - w).powi(2))
+        .sum();
+    let norm: f64 = want.iter().map(|w| w * w).sum();
+    (diff / norm).sqrt()
+}
+
+fn max_relative(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(want)
+        .map(|(&g, w)| (f64::from(g) - w).abs() / w.abs())
+        .fold(0.0, f64::max)
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.to_vec_f32().unwrap()
+}
+
+/// Random x (with offset), gamma around 1 and beta on `device`.
+fn random_inputs(rng: &mut Rng, dims: &[usize], device: &Device) -> [(Tensor, Vec<f32>); 3] {
+    let channels = channels_of(dims);
+    let x = offset_data(rng, dims.iter().product());
+    let gamma: Vec<f32> = (0..channels).map(|_| 1.0 + 0.5 * rng.uniform()).collect();
+    let beta = rng.vec(channels);
+    [
+        (
+            Tensor::from_f32(dims.to_vec(), x.clone(), device).unwrap(),
+            x,
+        ),
+        (
+            Tensor::from_f32(vec![channels], gamma.clone(), device).unwrap(),
+            gamma,
+        ),
+        (
+            Tensor::from_f32(vec![channels], beta.clone(), device).unwrap(),
+            beta,
+        ),
+    ]
+}
+
+test_device!(train_matches_reference, |device: &Device| {
+    let mut rng = Rng::fresh();
+    let last_count: usize = SHAPES[3][..3].iter().product();
+    assert!(
+        last_count > 2 * CHUNK_ROWS && !last_count.is_multiple_of(CHUNK_ROWS),
+        "the last shape must span several chunks, the last one partly filled"
+    );
+    for dims in SHAPES {
+        let [(x, xs), (gamma, gs), (beta, bs)] = random_inputs(&mut rng, dims, device);
+        let (y, stats) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+        assert_eq!(y.dims(), dims);
+        let channels = channels_of(dims);
+        let (mean, var) = reference_stats(&wide(&xs), channels);
+        let inv_std: Vec<f64> = var
+            .iter()
+            .map(|v| 1.0 / (v + f64::from(EPS)).sqrt())
+            .collect();
+        let want_y = reference_forward(&wide(&xs), &wide(&gs), &wide(&bs), f64::from(EPS));
+        let errors = [
+            norm_relative(&values(&y), &want_y),
+            max_relative(&values(&stats.mean), &mean),
+            max_relative(&values(&stats.inv_std), &inv_std),
+        ];
+        for (what, err) in ["y", "mean", "inv_std"].iter().zip(errors) {
+            assert!(
+                err <= BOUND,
+                "{what} of {dims:?}: error {err:e} > {BOUND:e} (seed {})",
+                rng.seed
+            );
+        }
+    }
+});
+
+test_device!(inference_matches_reference, |device: &Device| {
+    let mut rng = Rng::fresh();
+    for dims in SHAPES {
+        let channels = channels_of(dims);
+        let [(x, xs), (gamma, gs), (beta, bs)] = random_inputs(&mut rng, dims, device);
+        let rm: Vec<f32> = (0..channels).map(|_| 3.0 + 0.5 * rng.uniform()).collect();
+        let rv: Vec<f32> = (0..channels).map(|_| 1.0 + 0.5 * rng.uniform()).collect();
+        let running_mean = Tensor::from_f32(vec![channels], rm.clone(), device).unwrap();
+        let running_var = Tensor::from_f32(vec![channels], rv.clone(), device).unwrap();
+        let y = batch_norm_inference(&x, &gamma, &beta, &running_mean, &running_var, EPS).unwrap();
+        let want: Vec<f64> = xs
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let c = i % channels;
+                (f64::from(v) - f64::from(rm[c])) / (f64::from(rv[c]) + f64::from(EPS)).sqrt()
+                    * f64::from(gs[c])
+                    + f64::from(bs[c])
+            })
+            .collect();
+        let err = norm_relative(&values(&y), &want);
+        assert!(
+            err <= BOUND,
+            "inference y of {dims:?}: error {err:e} > {BOUND:e} (seed {})",
+            rng.seed
+        );
+    }
+});
+
+test_device!(backward_matches_reference, |device: &Device| {
+    let mut rng = Rng::fresh();
+    for dims in SHAPES {
+        let [(x, xs), (gamma, gs), (beta, _)] = random_inputs(&mut rng, dims, device);
+        // An offset on dy too, so sum(dy) is far from zero and its term matters.
+        let dys: Vec<f32> = (0..xs.len()).map(|_| 0.5 + rng.uniform()).collect();
+        let dy = Tensor::from_f32(dims.to_vec(), dys.clone(), device).unwrap();
+        let (_, stats) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+        let (dx, dgamma, dbeta) = batch_norm_backward(&dy, &x, &gamma, &stats).unwrap();
+        assert_eq!(dx.dims(), dims);
+        let (want_dx, want_dgamma, want_dbeta) =
+            reference_backward(&wide(&dys), &wide(&xs), &wide(&gs), f64::from(EPS));
+        let errors = [
+            norm_relative(&values(&dx), &want_dx),
+            norm_relative(&values(&dgamma), &want_dgamma),
+            norm_relative(&values(&dbeta), &want_dbeta),
+        ];
+        for (what, err) in ["dx", "dgamma", "dbeta"].iter().zip(errors) {
+            assert!(
+                err <= BOUND,
+                "{what} of {dims:?}: error {err:e} > {BOUND:e} (seed {})",
+                rng.seed
+            );
+        }
+    }
+});
+
+/// Central differences of loss = sum(forward(x, gamma, beta) * g), all in f64,
+/// against the crate's CPU backward with dy = g. Bound: 1e-5 norm-relative
+/// (f32 rounding of the backward plus O(h^2) truncation, h = 1e-4).
+#[test]
+fn backward_matches_finite_differences_on_cpu() {
+    let mut rng = Rng::fresh();
+    let device = Device::Cpu;
+    for dims in [&[3usize, 2, 2, 3][..], &[6, 4]] {
+        let [(x, xs), (gamma, gs), (beta, bs)] = random_inputs(&mut rng, dims, &device);
+        let g = rng.vec(xs.len());
+        let dy = Tensor::from_f32(dims.to_vec(), g.clone(), &device).unwrap();
+        let (_, stats) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+        let (dx, dgamma, dbeta) = batch_norm_backward(&dy, &x, &gamma, &stats).unwrap();
+
+        let (x64, gamma64, beta64, g64) = (wide(&xs), wide(&gs), wide(&bs), wide(&g));
+        let loss = |x: &[f64], gamma: &[f64], beta: &[f64]| -> f64 {
+            reference_forward(x, gamma, beta, f64::from(EPS))
+                .iter()
+                .zip(&g64)
+                .map(|(y, g)| y * g)
+                .sum()
+        };
+        let h = 1e-4;
+        let numeric = |which: usize, len: usize| -> Vec<f64> {
+            (0..len)
+                .map(|i| {
+                    let mut args = [x64.clone(), gamma64.clone(), beta64.clone()];
+                    args[which][i] += h;
+                    let up = loss(&args[0], &args[1], &args[2]);
+                    args[which][i] -= 2.0 * h;
+                    let down = loss(&args[0], &args[1], &args[2]);
+                    (up - down) / (2.0 * h)
+                })
+                .collect()
+        };
+        let checks = [
+            ("dx", values(&dx), numeric(0, xs.len())),
+            ("dgamma", values(&dgamma), numeric(1, gs.len())),
+            ("dbeta", values(&dbeta), numeric(2, bs.len())),
+        ];
+        for (what, got, want) in checks {
+            let err = norm_relative(&got, &want);
+            assert!(
+                err <= BOUND,
+                "{what} of {dims:?} vs finite differences: error {err:e} > {BOUND:e} (seed {})",
+                rng.seed
+            );
+        }
+    }
+}
+
+test_device!(two_runs_are_bit_identical, |device: &Device| {
+    let mut rng = Rng::fresh();
+    for dims in [&[4usize, 16, 17, 5][..], &[1, 2, 3, 33]] {
+        let [(x, xs), (gamma, _), (beta, _)] = random_inputs(&mut rng, dims, device);
+        let dy = Tensor::from_f32(dims.to_vec(), rng.vec(xs.len()), device).unwrap();
+        let run = || {
+            let (y, stats) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+            let (dx, dgamma, dbeta) = batch_norm_backward(&dy, &x, &gamma, &stats).unwrap();
+            [y, stats.mean, stats.inv_std, dx, dgamma, dbeta]
+                .map(|t| values(&t).into_iter().map(f32::to_bits).collect::<Vec<_>>())
+        };
+        let first = run();
+        let second = run();
+        let names = ["y", "mean", "inv_std", "dx", "dgamma", "dbeta"];
+        for ((name, a), b) in names.iter().zip(&first).zip(&second) {
+            assert!(
+                a == b,
+                "{name} of {dims:?} differs between runs (seed {})",
+                rng.seed
+            );
+        }
+    }
+});
+
+test_device!(running_stats_match_hand_calculation, |device: &Device| {
+    // Batch: mean [3, 0.5], biased variance [4, 0.25], 5 values per channel.
+    let eps = 1e-3f64;
+    let inv_std: Vec<f32> = [4.0f64, 0.25]
+        .iter()
+        .map(|v| (1.0 / (v + eps).sqrt()) as f32)
+        .collect();
+    let vector = |v: Vec<f32>| Tensor::from_f32(vec![2], v, device).unwrap();
+    let stats = BatchNormStats {
+        mean: vector(vec![3.0, 0.5]),
+        inv_std: vector(inv_std),
+    };
+    let (mean, var) = update_running_stats(
+        &vector(vec![1.0, -2.0]),
+        &vector(vec![0.5, 2.0]),
+        &stats,
+        5,
+        0.9,
+        eps as f32,
+    )
+    .unwrap();
+    // mean: 0.9 * 1 + 0.1 * 3 = 1.2;  0.9 * -2 + 0.1 * 0.5 = -1.75
+    // var:  0.9 * 0.5 + 0.1 * 4 * 5/4 = 0.95;  0.9 * 2 + 0.1 * 0.25 * 5/4 = 1.83125
+    let mean_err = max_relative(&values(&mean), &[1.2, -1.75]);
+    let var_err = max_relative(&values(&var), &[0.95, 1.83125]);
+    assert!(mean_err <= BOUND, "running mean error {mean_err:e}");
+    assert!(var_err <= BOUND, "running var error {var_err:e}");
+});
+
+test_device!(
+    running_stats_from_a_batch_use_unbiased_variance,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let dims = [5usize, 3, 7, 6];
+        let channels = 6;
+        let count = 5 * 3 * 7;
+        let [(x, xs), (gamma, _), (beta, _)] = random_inputs(&mut rng, &dims, device);
+        let (_, stats) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+        let rm: Vec<f32> = (0..channels).map(|_| 2.0 + rng.uniform()).collect();
+        let rv: Vec<f32> = (0..channels).map(|_| 1.0 + 0.5 * rng.uniform()).collect();
+        let momentum = 0.8f32;
+        let (new_mean, new_var) = update_running_stats(
+            &Tensor::from_f32(vec![channels], rm.clone(), device).unwrap(),
+            &Tensor::from_f32(vec![channels], rv.clone(), device).unwrap(),
+            &stats,
+            count,
+            momentum,
+            EPS,
+        )
+        .unwrap();
+        let (mean, var) = reference_stats(&wide(&xs), channels);
+        let m = f64::from(momentum);
+        let n = count as f64;
+        let want_mean: Vec<f64> = (0..channels)
+            .map(|c| m * f64::from(rm[c]) + (1.0 - m) * mean[c])
+            .collect();
+        let want_var: Vec<f64> = (0..channels)
+            .map(|c| m * f64::from(rv[c]) + (1.0 - m) * var[c] * n / (n - 1.0))
+            .collect();
+        let mean_err = max_relative(&values(&new_mean), &want_mean);
+        let var_err = max_relative(&values(&new_var), &want_var);
+        assert!(
+            mean_err <= BOUND && var_err <= BOUND,
+            "running mean error {mean_err:e}, var error {var_err:e} (seed {})",
+            rng.seed
+        );
+    }
+);
+
+test_device!(bad_operands_are_typed_errors, |device: &Device| {
+    let mut rng = Rng::fresh();
+    let [(x, xs), (gamma, _), (beta, _)] = random_inputs(&mut rng, &[2, 3, 3, 4], device);
+    let f32s = |dims: Vec<usize>| {
+        let len = dims.iter().product();
+        Tensor::from_f32(dims, offset_data(&mut Rng::fresh(), len), device).unwrap()
+    };
+    let shape_mismatch = |r: Result<(), AetherError>, expected: &[usize], actual: &[usize]| match r
+    {
+        Err(AetherError::ShapeMismatch {
+            expected: e,
+            actual: a,
+            ..
+        }) => assert!(e == expected && a == actual, "{e:?} / {a:?}"),
+        Err(other) => panic!("expected ShapeMismatch, got {other}"),
+        Ok(_) => panic!("expected ShapeMismatch, got a result"),
+    };
+    let invalid = |r: Result<(), AetherError>, needle: &str| match r {
+        Err(e @ AetherError::InvalidShape { .. }) => {
+            assert!(e.to_string().contains(needle), "{e}")
+        }
+        Err(other) => panic!("expected InvalidShape, got {other}"),
+        Ok(_) => panic!("expected InvalidShape, got a result"),
+    };
+
+    // gamma of the wrong length, or [1, C] instead of [C].
+    shape_mismatch(
+        batch_norm_train(&x, &f32s(vec![5]), &beta, EPS).map(|_| ()),
+        &[4],
+        &[5],
+    );
+    shape_mismatch(
+        batch_norm_train(&x, &f32s(vec![1, 4]), &beta, EPS).map(|_| ()),
+        &[4],
+        &[1, 4],
+    );
+    shape_mismatch(
+        batch_norm_inference(&x, &gamma, &beta, &f32s(vec![3]), &f32s(vec![4]), EPS).map(|_| ()),
+        &[4],
+        &[3],
+    );
+    let (_, stats) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+    shape_mismatch(
+        batch_norm_backward(&f32s(vec![2, 3, 4, 3]), &x, &gamma, &stats).map(|_| ()),
+        &[2, 3, 3, 4],
+        &[2, 3, 4, 3],
+    );
+    shape_mismatch(
+        batch_norm_backward(&x, &x, &f32s(vec![3]), &stats).map(|_| ()),
+        &[4],
+        &[3],
+    );
+    shape_mismatch(
+        update_running_stats(&f32s(vec![4]), &f32s(vec![5]), &stats, 18, 0.9, EPS).map(|_| ()),
+        &[4],
+        &[5],
+    );
+
+    // Wrong dtypes: u32 input, f16 gamma.
+    let x_u32 = Tensor::from_u32(vec![2, 3, 3, 4], vec![1; 72], device).unwrap();
+    invalid(
+        batch_norm_train(&x_u32, &gamma, &beta, EPS).map(|_| ()),
+        "U32",
+    );
+    let halves: Vec<half::f16> = (0..4).map(|i| half::f16::from_f32(i as f32)).collect();
+    let gamma_f16 = Tensor::from_f16(vec![4], halves, device).unwrap();
+    invalid(
+        batch_norm_train(&x, &gamma_f16, &beta, EPS).map(|_| ()),
+        "F16",
+    );
+    invalid(
+        batch_norm_backward(&x, &x, &gamma_f16, &stats).map(|_| ()),
+        "F16",
+    );
+
+    // No batch axis, and too few values for an unbiased variance.
+    let flat = Tensor::from_f32(vec![xs.len()], xs.clone(), device).unwrap();
+    invalid(
+        batch_norm_train(&flat, &gamma, &beta, EPS).map(|_| ()),
+        "rank",
+    );
+    invalid(
+        update_running_stats(&f32s(vec![4]), &f32s(vec![4]), &stats, 1, 0.9, EPS).map(|_| ()),
+        "at least 2",
+    );
+});
+
+test_device!(
+    operands_on_different_devices_are_rejected,
+    |device: &Device| {
+        let other = match device {
+            Device::Cpu => match common::gpu() {
+                Some(gpu) => gpu,
+                None => return,
+            },
+            Device::Gpu(_) => Device::Cpu,
+        };
+        let mut rng = Rng::fresh();
+        let dims = [3usize, 5];
+        let [(x, _), (gamma, _), (beta, _)] = random_inputs(&mut rng, &dims, device);
+        let [(x_other, _), (gamma_other, _), (beta_other, _)] =
+            random_inputs(&mut rng, &dims, &other);
+        let mismatch = |r: Result<(), AetherError>, what: &str| match r {
+            Err(AetherError::DeviceMismatch { op, .. }) => {
+                assert!(what.starts_with(op), "{what}: op {op}")
+            }
+            Err(e) => panic!("{what}: expected DeviceMismatch, got {e}"),
+            Ok(()) => panic!("{what}: expected DeviceMismatch, got a result"),
+        };
+        mismatch(
+            batch_norm_train(&x, &gamma_other, &beta, EPS).map(|_| ()),
+            "batch_norm_train (gamma)",
+        );
+        mismatch(
+            batch_norm_train(&x, &gamma, &beta_other, EPS).map(|_| ()),
+            "batch_norm_train (beta)",
+        );
+        mismatch(
+            batch_norm_inference(&x_other, &gamma, &beta, &gamma, &gamma, EPS).map(|_| ()),
+            "batch_norm_inference",
+        );
+        let (_, stats) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+        let (_, stats_other) = batch_norm_train(&x_other, &gamma_other, &beta_other, EPS).unwrap();
+        mismatch(
+            batch_norm_backward(&x, &x, &gamma, &stats_other).map(|_| ()),
+            "batch_norm_backward",
+        );
+        mismatch(
+            update_running_stats(&gamma, &gamma_other, &stats, 3, 0.9, EPS).map(|_| ()),
+            "update_running_stats (running_var)",
+        );
+        mismatch(
+            update_running_stats(&gamma, &beta, &stats_other, 3, 0.9, EPS).map(|_| ()),
+            "update_running_stats (stats)",
+        );
+    }
+);
