@@ -280,18 +280,31 @@ fn coop_fits(caps: &GpuCapabilities, tile: u32) -> bool {
     let Some((min, max)) = caps.subgroup_size else {
         return false;
     };
-    let (bm, bk) = (4 * tile, 2 * tile);
-    let staging = bm * bk * 2 * 2 + bm * bm * 4;
+    // The largest staging of the two subgroup layouts (2 x 2 and 4 x 1 subgroups).
+    let staging = [(2, 2), (4, 1)]
+        .into_iter()
+        .map(|(sg_m, sg_n)| {
+            let (bm, bn, bk) = (sg_m * 2 * tile, sg_n * 2 * tile, 2 * tile);
+            (bm * bk + bk * bn) * 2 + bm * bn * 4
+        })
+        .max()
+        .unwrap_or(0);
     min == max
         && 4 * max <= caps.limits.max_compute_invocations_per_workgroup
         && staging <= caps.limits.max_compute_workgroup_storage_size
 }
 
 impl ConvVariant {
-    /// Output rows and columns per workgroup, and the reduction depth per step.
-    pub fn block(self) -> (u32, u32, u32) {
+    /// Output rows and columns per workgroup, and the reduction depth per step,
+    /// for a GEMM with `cols` output columns. The coop core's four subgroups
+    /// (each 2 x 2 tiles) stand 2 x 2, or 4 x 1 when the output is at most two
+    /// tiles wide, so narrow layers (C = 32 at tile 16) waste no columns.
+    pub fn block(self, cols: usize) -> (u32, u32, u32) {
         match self {
-            Self::Coop { tile } => (4 * tile, 4 * tile, 2 * tile),
+            Self::Coop { tile } => {
+                let sg_n = if cols <= 2 * tile as usize { 1 } else { 2 };
+                (4 / sg_n * 2 * tile, sg_n * 2 * tile, 2 * tile)
+            }
             Self::PortableF16 | Self::PortableF32 => {
                 (PORTABLE_TILE, PORTABLE_TILE, PORTABLE_TILE_K)
             }
@@ -334,14 +347,15 @@ pub(crate) struct ConvKernel {
 }
 
 impl ConvKernel {
-    /// The compiled pipeline of this kernel for `variant` and `meta`'s geometry;
+    /// The compiled pipeline of this kernel for `plan` and `meta`'s geometry;
     /// `None` when it failed to compile (the cache has warned).
     pub fn pipeline(
         &self,
         ctx: &GpuContext,
-        variant: ConvVariant,
+        plan: &ConvLaunchPlan,
         meta: &ConvShapeMeta,
     ) -> Option<Arc<wgpu::ComputePipeline>> {
+        let variant = plan.variant;
         let mut key = pipeline_key(self.name, variant, meta);
         let mut parts = self.parts.to_vec();
         let coop_core;
@@ -349,10 +363,15 @@ impl ConvKernel {
             match variant {
                 ConvVariant::Coop { tile } => {
                     let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
-                    key = key.with("SUBGROUP", subgroup);
+                    let sg_n = plan.tile_n / (2 * tile);
+                    key = key
+                        .with("SUBGROUP", subgroup)
+                        .with_source_value("TILE", tile)
+                        .with_source_value("SG_N", sg_n);
                     coop_core = COOP_GEMM
                         .replace("coop_matTxT", &format!("coop_mat{tile}x{tile}"))
-                        .replace("TILE_SIZEu", &format!("{tile}u"));
+                        .replace("TILE_SIZEu", &format!("{tile}u"))
+                        .replace("SUBGROUPS_Nu", &format!("{sg_n}u"));
                     parts.push(&coop_core);
                 }
                 ConvVariant::PortableF16 | ConvVariant::PortableF32 => parts.push(PORTABLE_GEMM),
@@ -446,7 +465,7 @@ pub(crate) fn plan_first(
                 continue;
             }
         };
-        if kernel.pipeline(ctx, variant, meta).is_none() {
+        if kernel.pipeline(ctx, &plan, meta).is_none() {
             declined.push(format!("{} failed to compile", variant.name()));
             continue;
         }
@@ -469,28 +488,6 @@ pub(crate) fn plan_first(
         adapter: ctx.caps().adapter_name.clone(),
         reasons: declined.join("; "),
     })
-}
-
-/// Workgroups of `variant`'s GEMM over a `rows x cols` output with `z` slices.
-pub(crate) fn gemm_grid(
-    what: &str,
-    ctx: &GpuContext,
-    variant: ConvVariant,
-    rows: usize,
-    cols: usize,
-    z: usize,
-) -> Result<[u32; 3]> {
-    let (bm, bn, _) = variant.block();
-    let grid = [rows.div_ceil(bm as usize), cols.div_ceil(bn as usize), z];
-    let limit = ctx.caps().limits.max_compute_workgroups_per_dimension as usize;
-    if let Some(&too_many) = grid.iter().find(|&&g| g > limit) {
-        return Err(AetherError::TooLarge {
-            what: format!("{what}: grid {grid:?} of {bm}x{bn} blocks"),
-            bytes: too_many as u64,
-            limit: limit as u64,
-        });
-    }
-    Ok(grid.map(|g| g as u32))
 }
 
 /// Checks that `t` has exactly `dims`, naming `what` in the error.
@@ -553,17 +550,36 @@ pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
 }
 
 impl ConvLaunchPlan {
-    /// A plan for `variant`, its tile sizes filled in from the variant's block.
-    pub fn new(variant: ConvVariant, workgroups: [u32; 3], split_k: u32) -> Self {
-        let (tile_m, tile_n, tile_k) = variant.block();
-        Self {
+    /// The plan of `variant`'s GEMM over a `rows x cols` output with `z` slices
+    /// (split-K 1); an error (a decline) when the grid exceeds the adapter's limit.
+    pub(crate) fn gemm(
+        what: &str,
+        ctx: &GpuContext,
+        variant: ConvVariant,
+        [rows, cols, z]: [usize; 3],
+    ) -> Result<Self> {
+        let (tile_m, tile_n, tile_k) = variant.block(cols);
+        let grid = [
+            rows.div_ceil(tile_m as usize),
+            cols.div_ceil(tile_n as usize),
+            z,
+        ];
+        let limit = ctx.caps().limits.max_compute_workgroups_per_dimension as usize;
+        if let Some(&too_many) = grid.iter().find(|&&g| g > limit) {
+            return Err(AetherError::TooLarge {
+                what: format!("{what}: grid {grid:?} of {tile_m}x{tile_n} blocks"),
+                bytes: too_many as u64,
+                limit: limit as u64,
+            });
+        }
+        Ok(Self {
             variant,
             tile_m,
             tile_n,
             tile_k,
-            workgroups,
-            split_k,
-        }
+            workgroups: grid.map(|g| g as u32),
+            split_k: 1,
+        })
     }
 }
 

@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use super::common::{
     ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, buf,
-    expect_dims, gemm_grid, gpu_operand, host_values, plan_first, same_device,
+    expect_dims, gpu_operand, host_values, plan_first, same_device,
 };
 use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
 use crate::error::Result;
@@ -41,15 +41,16 @@ pub fn conv2d_dinput(
         let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
         let classes = meta.stride_h * meta.stride_w;
         plan_first(ctx, plans, &KERNEL, &meta, |variant| {
-            Ok(ConvLaunchPlan::new(
+            ConvLaunchPlan::gemm(
+                "conv_dinput",
+                ctx,
                 variant,
-                gemm_grid("conv_dinput", ctx, variant, class_rows, meta.c_in, classes)?,
-                1,
-            ))
+                [class_rows, meta.c_in, classes],
+            )
         })
     })?;
     let pipeline = KERNEL
-        .pipeline(ctx, plan.variant, &meta)
+        .pipeline(ctx, &plan, &meta)
         .expect("planned variant compiled");
     let dy_op = gpu_operand("conv2d_dinput dvalues", dy, plan.variant, true)?;
     let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant, false)?;

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::cast::conv_backward_cast_fp16;
 use super::common::{
     ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL, buf,
-    expect_dims, gemm_grid, gpu_operand, host_values, plan_first, same_device,
+    expect_dims, gpu_operand, host_values, plan_first, same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -83,11 +83,11 @@ pub fn conv2d_dweight(
     let plan = plans.get_or_plan(ConvDirection::DWeight, &meta, || {
         plan_first(ctx, plans, &KERNEL, &meta, |variant| {
             let rows = meta.k + 1;
-            let tiles = gemm_grid("conv_dweight", ctx, variant, rows, meta.c_out, 1)?;
-            let tile_k = variant.block().2 as usize;
-            let reduction_tiles = meta.m.div_ceil(tile_k) as u32;
+            let mut plan =
+                ConvLaunchPlan::gemm("conv_dweight", ctx, variant, [rows, meta.c_out, 1])?;
+            let reduction_tiles = meta.m.div_ceil(plan.tile_k as usize) as u32;
             let mut split = split_k(
-                tiles[0] * tiles[1],
+                plan.workgroups[0] * plan.workgroups[1],
                 reduction_tiles,
                 estimated_compute_units(ctx.caps()),
             );
@@ -96,19 +96,17 @@ pub fn conv2d_dweight(
             let max_split =
                 (ctx.caps().limits.max_storage_buffer_binding_size / slice_bytes).max(1);
             split = split.min(max_split as u32);
-            Ok(ConvLaunchPlan::new(
-                variant,
-                [tiles[0], tiles[1], split],
-                split,
-            ))
+            plan.workgroups[2] = split;
+            plan.split_k = split;
+            Ok(plan)
         })
     })?;
     let pipeline = KERNEL
-        .pipeline(ctx, plan.variant, &meta)
+        .pipeline(ctx, &plan, &meta)
         .expect("planned variant compiled");
     let reduce =
         REDUCE
-            .pipeline(ctx, plan.variant, &meta)
+            .pipeline(ctx, &plan, &meta)
             .ok_or_else(|| AetherError::NoKernelVariant {
                 kernel: REDUCE.name,
                 adapter: ctx.caps().adapter_name.clone(),

@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use super::common::{
     ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL, buf,
-    expect_dims, gemm_grid, gpu_operand, host_values, plan_first, same_device,
+    expect_dims, gpu_operand, host_values, plan_first, same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -47,15 +47,11 @@ pub fn conv2d_forward(
     };
     let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
         plan_first(ctx, plans, &KERNEL, &meta, |variant| {
-            Ok(ConvLaunchPlan::new(
-                variant,
-                gemm_grid("conv_forward", ctx, variant, meta.m, meta.c_out, 1)?,
-                1,
-            ))
+            ConvLaunchPlan::gemm("conv_forward", ctx, variant, [meta.m, meta.c_out, 1])
         })
     })?;
     let pipeline = KERNEL
-        .pipeline(ctx, plan.variant, &meta)
+        .pipeline(ctx, &plan, &meta)
         .expect("planned variant compiled");
     let x_op = gpu_operand("conv2d_forward input", x, plan.variant, false)?;
     let w_op = gpu_operand("conv2d_forward weight", w, plan.variant, false)?;
