@@ -1,5 +1,10 @@
 //! Elementwise operations shared by the layers.
 
+pub mod activation;
+pub mod batchnorm;
+pub mod dropout;
+pub mod loss;
+pub mod pool;
 mod relu;
 
 pub use relu::relu;
