@@ -70,6 +70,16 @@ pub enum AetherError {
         during: &'static str,
         message: String,
     },
+    /// A model file that cannot be used: truncated, malformed, another
+    /// architecture, or a tensor of the wrong shape (named in `reason`).
+    #[error("model file {path}: {reason}", path = path.display())]
+    ModelFile { path: PathBuf, reason: String },
+    /// A model used before `configure` / `finalize`, or configured inconsistently.
+    #[error("model: {0}")]
+    Model(String),
+    /// Training diverged.
+    #[error("non-finite loss {loss} at step {step} (epoch {epoch}): training stopped")]
+    NonFiniteLoss { step: u64, epoch: usize, loss: f32 },
     /// File system trouble, with the path involved.
     #[error("{action} {path}: {source}", path = path.display())]
     Io {

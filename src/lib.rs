@@ -7,15 +7,20 @@
 //! `AETHER_ADAPTER=<name substring>`, then build [`Tensor`]s on it.
 
 pub mod conv;
+pub mod data;
 pub mod device;
 pub mod diagnostics;
 pub mod error;
 pub mod gpu;
 pub mod io;
+pub mod model;
+pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod tensor;
+pub mod zoo;
 
 pub use device::Device;
 pub use error::{AetherError, Result};
+pub use model::{History, Loss, Metric, Model, TrainOptions};
 pub use tensor::{DType, Shape, Tensor};

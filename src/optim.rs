@@ -61,6 +61,9 @@ struct Moments {
     lengths: Vec<usize>,
     m: Tensor,
     v: Tensor,
+    /// The GPU segment table, uploaded on the first step: an upload flushes the
+    /// pending batch, so later steps must not upload anything.
+    segments: Option<Tensor>,
 }
 
 impl Adam {
@@ -123,6 +126,7 @@ impl Adam {
                     lengths: lengths.clone(),
                     m: zeros()?,
                     v: zeros()?,
+                    segments: None,
                 });
             }
         }
@@ -273,7 +277,14 @@ fn step_gpu(
             .iter()
             .map(|p| (p.value.numel(), p.l1, p.l2, p.decays)),
     );
-    let seg_tensor = segment_tensor(ctx, &segs)?;
+    let seg_tensor = match &moments.segments {
+        Some(t) => t.clone(),
+        None => {
+            let t = segment_tensor(ctx, &segs)?;
+            moments.segments = Some(t.clone());
+            t
+        }
+    };
     let total = flat_params.numel();
     let (grid, row_stride) = flat_grid(
         total,

@@ -198,6 +198,17 @@ impl Tensor {
         })
     }
 
+    /// The same data under another shape with the same element count (no copy).
+    pub fn reshape(&self, dims: impl Into<Vec<usize>>) -> Result<Self> {
+        let shape = Shape::new(dims)?;
+        check_len(&shape, self.numel())?;
+        Ok(Self {
+            shape,
+            dtype: self.dtype,
+            storage: self.storage.clone(),
+        })
+    }
+
     pub fn shape(&self) -> &Shape {
         &self.shape
     }

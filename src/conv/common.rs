@@ -13,7 +13,7 @@ use crate::gpu::{GpuCapabilities, GpuContext, PipelineKey};
 use crate::tensor::{DType, Tensor};
 
 /// How the input is padded before the filter slides over it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Padding {
     /// `(f - 1) / 2` on each side of each spatial dimension (Aether-ML's "same").
     Same,
@@ -29,7 +29,7 @@ pub enum Padding {
 }
 
 /// Everything about a convolution except the data: filter, stride, padding, dilation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ConvParams {
     pub c_out: usize,
     /// Filter `(R, S)`: height and width.
@@ -521,6 +521,19 @@ pub(crate) fn gpu_operand(
             reason: format!("variant {} cannot take {dtype:?} operands", variant.name()),
         }),
     }
+}
+
+/// Declines `variant` for an operand it cannot take: an f16 tensor (a layer's
+/// f16 weight shadow) only feeds the f16 variants.
+pub(crate) fn accepts_operand(variant: ConvVariant, t: &Tensor) -> Result<()> {
+    if t.dtype() == DType::F16 && !variant.f16_operands() {
+        return Err(AetherError::InvalidShape {
+            op: "conv operand",
+            shape: t.dims().to_vec(),
+            reason: format!("variant {} needs F32 operands, got F16", variant.name()),
+        });
+    }
+    Ok(())
 }
 
 /// The values of a host tensor as f32 (f16 storage is widened).

@@ -5,8 +5,8 @@
 use rayon::prelude::*;
 
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, buf,
-    expect_dims, gpu_operand, host_values, plan_first, same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta,
+    accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first, same_device,
 };
 use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
 use crate::error::Result;
@@ -41,6 +41,7 @@ pub fn conv2d_dinput(
         let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
         let classes = meta.stride_h * meta.stride_w;
         plan_first(ctx, plans, &KERNEL, &meta, |variant| {
+            accepts_operand(variant, w)?;
             ConvLaunchPlan::gemm(
                 "conv_dinput",
                 ctx,

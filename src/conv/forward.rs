@@ -3,8 +3,8 @@
 use rayon::prelude::*;
 
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL, buf,
-    expect_dims, gpu_operand, host_values, plan_first, same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL,
+    accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first, same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -47,6 +47,7 @@ pub fn conv2d_forward(
     };
     let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
         plan_first(ctx, plans, &KERNEL, &meta, |variant| {
+            accepts_operand(variant, w)?;
             ConvLaunchPlan::gemm("conv_forward", ctx, variant, [meta.m, meta.c_out, 1])
         })
     })?;

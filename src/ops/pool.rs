@@ -56,7 +56,7 @@ const MAX_ELEMENTS: usize = i32::MAX as usize;
 
 /// A pooling window: size `(height, width)`, stride `(down, across)` and padding
 /// (`Same` pads `(f - 1) / 2` on each side).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PoolParams {
     pub filter: (usize, usize),
     pub stride: (usize, usize),

@@ -1,0 +1,626 @@
+//! A sequential `Model`: build with `add`, `configure`, `finalize`, then
+//! `train`, `evaluate`, `predict`, `save` and `load`.
+//!
+//! A training step uploads one batch, records every layer's forward and
+//! backward kernels, the loss and the fused optimizer update into the pending
+//! batch, and submits once; the host reads the loss back only on logging steps
+//! (and every step's loss and correct count once at the end of the epoch).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::device::Device;
+use crate::error::{AetherError, Result};
+use crate::nn::{Layer, LayerSpec, Mode};
+use crate::ops::loss::{correct_count, cross_entropy, softmax, softmax_cross_entropy};
+use crate::optim::{Adam, Param, regularization_loss};
+use crate::tensor::Tensor;
+
+/// The training loss.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Loss {
+    /// Softmax and categorical cross-entropy fused on logits (the last layer
+    /// must not be a Softmax).
+    SoftmaxCrossEntropy { label_smoothing: f32 },
+    /// Categorical cross-entropy on probabilities (the last layer is a Softmax).
+    CategoricalCrossEntropy { label_smoothing: f32 },
+}
+
+/// The metric reported next to the loss.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Metric {
+    CategoricalAccuracy,
+}
+
+/// Options of [`Model::train`].
+#[derive(Clone, Debug)]
+pub struct TrainOptions<'a> {
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub shuffle: bool,
+    /// Held-out `(inputs, labels)` evaluated after every epoch.
+    pub validation: Option<(&'a [f32], &'a [u32])>,
+    /// Steps between loss read-backs (progress and divergence check).
+    pub log_every: usize,
+    /// Show an indicatif progress bar.
+    pub progress: bool,
+}
+
+impl Default for TrainOptions<'_> {
+    fn default() -> Self {
+        Self {
+            epochs: 1,
+            batch_size: 32,
+            shuffle: true,
+            validation: None,
+            log_every: 20,
+            progress: true,
+        }
+    }
+}
+
+/// What one epoch of training measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpochStats {
+    /// Mean data loss over the epoch's steps plus the regularization loss at its end.
+    pub loss: f32,
+    pub accuracy: f32,
+    pub validation: Option<(f32, f32)>,
+    pub seconds: f64,
+    pub steps: usize,
+}
+
+/// Per-epoch statistics of a [`Model::train`] call.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct History {
+    pub epochs: Vec<EpochStats>,
+}
+
+/// The architecture, as saved in a model file's metadata.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Architecture {
+    format: String,
+    input_shape: Vec<usize>,
+    layers: Vec<LayerSpec>,
+    loss: Option<Loss>,
+}
+
+const FORMAT: &str = "aether-model-v1";
+const METADATA_KEY: &str = "aether_architecture";
+
+pub struct Model {
+    layers: Vec<Box<dyn Layer>>,
+    loss: Option<Loss>,
+    optimizer: Option<Adam>,
+    device: Device,
+    input_shape: Option<Vec<usize>>,
+    seed: u64,
+    step: u64,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn model_err(message: impl Into<String>) -> AetherError {
+    AetherError::Model(message.into())
+}
+
+impl Model {
+    /// An empty model on the CPU with seed 0.
+    pub fn new() -> Self {
+        Self {
+            layers: Vec::new(),
+            loss: None,
+            optimizer: None,
+            device: Device::Cpu,
+            input_shape: None,
+            seed: 0,
+            step: 0,
+        }
+    }
+
+    /// Seeds weight initialisation and dropout masks (before `finalize`).
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    pub fn add(&mut self, layer: impl Layer + 'static) -> &mut Self {
+        self.layers.push(Box::new(layer));
+        self
+    }
+
+    pub fn configure(&mut self, loss: Loss, optimizer: Adam, _metric: Metric) -> &mut Self {
+        self.loss = Some(loss);
+        self.optimizer = Some(optimizer);
+        self
+    }
+
+    /// Builds every layer for per-sample `input_shape` on the model's device.
+    /// Shape errors name the layer by index.
+    pub fn finalize(&mut self, input_shape: &[usize]) -> Result<()> {
+        if let (Some(Loss::SoftmaxCrossEntropy { .. }), Some(last)) =
+            (self.loss, self.layers.last())
+            && last.spec() == LayerSpec::Softmax
+        {
+            return Err(model_err(
+                "a Softmax layer directly before SoftmaxCrossEntropy applies softmax twice; \
+                 remove the layer (the loss works on logits) or use CategoricalCrossEntropy",
+            ));
+        }
+        let mut shape = input_shape.to_vec();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let seed = self.seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            shape = layer.build(&shape, seed, &self.device).map_err(|e| {
+                model_err(format!(
+                    "layer {i} ({:?}) with input shape {shape:?}: {e}",
+                    layer.spec()
+                ))
+            })?;
+        }
+        self.input_shape = Some(input_shape.to_vec());
+        Ok(())
+    }
+
+    /// Moves every parameter and statistic to `device`.
+    pub fn to(&mut self, device: &Device) -> Result<()> {
+        for layer in &mut self.layers {
+            let moved: Vec<(&'static str, Tensor)> = layer
+                .state()
+                .into_iter()
+                .map(|(name, t)| Ok((name, t.to(device)?)))
+                .collect::<Result<_>>()?;
+            for (name, t) in moved {
+                layer.set_state(name, t)?;
+            }
+        }
+        if let Some(opt) = &self.optimizer {
+            // Moments live on the old device; a fresh optimizer state starts there.
+            let mut fresh = Adam::new(opt.learning_rate);
+            (fresh.beta1, fresh.beta2, fresh.epsilon, fresh.weight_decay) =
+                (opt.beta1, opt.beta2, opt.epsilon, opt.weight_decay);
+            self.optimizer = Some(fresh);
+        }
+        self.device = device.clone();
+        Ok(())
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn input_shape(&self) -> Result<&[usize]> {
+        self.input_shape
+            .as_deref()
+            .ok_or_else(|| model_err("call finalize(input_shape) first"))
+    }
+
+    /// Splits flat host data into whole samples, or an error naming the sizes.
+    fn sample_count(&self, x: &[f32], labels: Option<&[u32]>) -> Result<usize> {
+        let per: usize = self.input_shape()?.iter().product();
+        if x.is_empty() || !x.len().is_multiple_of(per) {
+            return Err(model_err(format!(
+                "input of {} values is not a whole number of samples of shape {:?}",
+                x.len(),
+                self.input_shape()?
+            )));
+        }
+        let n = x.len() / per;
+        if let Some(y) = labels
+            && y.len() != n
+        {
+            return Err(model_err(format!("{n} samples but {} labels", y.len())));
+        }
+        Ok(n)
+    }
+
+    fn batch_tensor(&self, x: &[f32], indices: &[usize]) -> Result<Tensor> {
+        let shape = self.input_shape()?;
+        let per: usize = shape.iter().product();
+        let mut data = Vec::with_capacity(indices.len() * per);
+        for &i in indices {
+            data.extend_from_slice(&x[i * per..(i + 1) * per]);
+        }
+        Tensor::from_f32(
+            crate::nn::batched_dims(indices.len(), shape),
+            data,
+            &self.device,
+        )
+    }
+
+    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let mut h = x.clone();
+        for layer in &mut self.layers {
+            h = layer.forward(&h, mode)?;
+        }
+        Ok(h)
+    }
+
+    fn loss_and_grad(&self, out: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
+        match self
+            .loss
+            .ok_or_else(|| model_err("call configure(loss, optimizer, metric) first"))?
+        {
+            Loss::SoftmaxCrossEntropy { label_smoothing } => {
+                softmax_cross_entropy(out, labels, label_smoothing)
+            }
+            Loss::CategoricalCrossEntropy { label_smoothing } => {
+                cross_entropy(out, labels, label_smoothing)
+            }
+        }
+    }
+
+    /// The sum of every layer's L1/L2 penalties, or `None` without any.
+    fn regularization(&self) -> Result<Option<f32>> {
+        let terms: Vec<(&Tensor, f32, f32)> =
+            self.layers.iter().flat_map(|l| l.regularized()).collect();
+        if terms.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(regularization_loss(&terms)?.to_vec_f32()?[0]))
+    }
+
+    /// One optimizer step on a batch of host data; returns the loss and the
+    /// correct count without reading them back.
+    pub fn train_batch(&mut self, x: &[f32], y: &[u32]) -> Result<(Tensor, Tensor)> {
+        let n = self.sample_count(x, Some(y))?;
+        let indices: Vec<usize> = (0..n).collect();
+        let xb = self.batch_tensor(x, &indices)?;
+        let yb = Tensor::from_u32(vec![n], y.to_vec(), &self.device)?;
+        self.train_step(&xb, &yb)
+    }
+
+    /// One optimizer step on a batch; returns the (GPU-resident) loss and correct count.
+    fn train_step(&mut self, x: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
+        let mode = Mode::Train {
+            seed: self.seed,
+            step: self.step as u32,
+        };
+        let out = self.forward(x, mode)?;
+        let (loss, dout) = self.loss_and_grad(&out, labels)?;
+        let correct = correct_count(&out, labels)?;
+        let mut grad = dout;
+        for i in (0..self.layers.len()).rev() {
+            match self.layers[i].backward(&grad, i > 0)? {
+                Some(dx) => grad = dx,
+                None => break,
+            }
+        }
+        let optimizer = self
+            .optimizer
+            .as_mut()
+            .ok_or_else(|| model_err("call configure first"))?;
+        let mut trainables: Vec<_> = self
+            .layers
+            .iter_mut()
+            .flat_map(|l| l.trainables())
+            .collect();
+        let mut params: Vec<Param> = trainables
+            .iter_mut()
+            .map(|t| Param {
+                value: &mut *t.value,
+                grad: t.grad,
+                l1: t.l1,
+                l2: t.l2,
+                decays: t.decays,
+            })
+            .collect();
+        optimizer.step(&mut params)?;
+        drop(params);
+        drop(trainables);
+        for layer in &mut self.layers {
+            layer.params_updated();
+        }
+        self.step += 1;
+        Ok((loss, correct))
+    }
+
+    /// Trains on flat host data `x` (samples of the input shape) with class labels `y`.
+    pub fn train(&mut self, x: &[f32], y: &[u32], options: &TrainOptions) -> Result<History> {
+        let n = self.sample_count(x, Some(y))?;
+        if options.batch_size == 0 || options.epochs == 0 {
+            return Err(model_err("batch_size and epochs must be at least 1"));
+        }
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut history = History::default();
+        for epoch in 0..options.epochs {
+            if options.shuffle {
+                shuffle(
+                    &mut order,
+                    self.seed ^ (epoch as u64).wrapping_mul(0xd134_2543_de82_ef95),
+                );
+            }
+            let start = Instant::now();
+            let steps = n.div_ceil(options.batch_size);
+            let bar = options
+                .progress
+                .then(|| progress_bar(epoch, options.epochs, steps));
+            let mut pending = Vec::with_capacity(steps);
+            for (s, chunk) in order.chunks(options.batch_size).enumerate() {
+                let xb = self.batch_tensor(x, chunk)?;
+                let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
+                let yb = Tensor::from_u32(vec![chunk.len()], labels, &self.device)?;
+                let (loss, correct) = self.train_step(&xb, &yb)?;
+                if (s + 1) % options.log_every.max(1) == 0 || s + 1 == steps {
+                    let value = loss.to_vec_f32()?[0];
+                    if !value.is_finite() {
+                        return Err(AetherError::NonFiniteLoss {
+                            step: self.step,
+                            epoch,
+                            loss: value,
+                        });
+                    }
+                    if let Some(bar) = &bar {
+                        let rate = (s + 1) as f64 / start.elapsed().as_secs_f64();
+                        bar.set_message(format!("loss {value:.4}  {rate:.1} steps/s"));
+                    }
+                }
+                if let Some(bar) = &bar {
+                    bar.inc(1);
+                }
+                pending.push((loss, correct, chunk.len()));
+            }
+            let (mut loss_sum, mut correct_sum) = (0.0f64, 0u64);
+            for (loss, correct, _) in &pending {
+                let value = loss.to_vec_f32()?[0];
+                if !value.is_finite() {
+                    return Err(AetherError::NonFiniteLoss {
+                        step: self.step,
+                        epoch,
+                        loss: value,
+                    });
+                }
+                loss_sum += f64::from(value);
+                correct_sum += u64::from(correct.to_vec_u32()?[0]);
+            }
+            let reg = self.regularization()?.unwrap_or(0.0);
+            let validation = match options.validation {
+                Some((vx, vy)) => Some(self.evaluate(vx, vy, options.batch_size)?),
+                None => None,
+            };
+            let stats = EpochStats {
+                loss: (loss_sum / pending.len() as f64) as f32 + reg,
+                accuracy: correct_sum as f32 / n as f32,
+                validation,
+                seconds: start.elapsed().as_secs_f64(),
+                steps,
+            };
+            if let Some(bar) = bar {
+                bar.finish_with_message(format!(
+                    "loss {:.4}  acc {:.4}{}",
+                    stats.loss,
+                    stats.accuracy,
+                    stats
+                        .validation
+                        .map(|(l, a)| format!("  val loss {l:.4}  val acc {a:.4}"))
+                        .unwrap_or_default()
+                ));
+            }
+            history.epochs.push(stats);
+        }
+        Ok(history)
+    }
+
+    /// Mean loss and accuracy over `(x, y)` in inference mode.
+    pub fn evaluate(&mut self, x: &[f32], y: &[u32], batch_size: usize) -> Result<(f32, f32)> {
+        let n = self.sample_count(x, Some(y))?;
+        let indices: Vec<usize> = (0..n).collect();
+        let mut pending = Vec::new();
+        for chunk in indices.chunks(batch_size.max(1)) {
+            let xb = self.batch_tensor(x, chunk)?;
+            let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
+            let yb = Tensor::from_u32(vec![chunk.len()], labels, &self.device)?;
+            let out = self.forward(&xb, Mode::Infer)?;
+            let (loss, _) = self.loss_and_grad(&out, &yb)?;
+            pending.push((loss, correct_count(&out, &yb)?, chunk.len()));
+        }
+        let (mut loss_sum, mut correct) = (0.0f64, 0u64);
+        for (loss, c, len) in pending {
+            loss_sum += f64::from(loss.to_vec_f32()?[0]) * len as f64;
+            correct += u64::from(c.to_vec_u32()?[0]);
+        }
+        Ok(((loss_sum / n as f64) as f32, correct as f32 / n as f32))
+    }
+
+    /// Class probabilities (`[n, classes]` flattened) or, with `logits`, the raw
+    /// outputs of the last layer.
+    pub fn predict(&mut self, x: &[f32], batch_size: usize, logits: bool) -> Result<Vec<f32>> {
+        let n = self.sample_count(x, None)?;
+        let indices: Vec<usize> = (0..n).collect();
+        let apply_softmax = !logits
+            && matches!(self.loss, Some(Loss::SoftmaxCrossEntropy { .. }) | None)
+            && self
+                .layers
+                .last()
+                .is_some_and(|l| l.spec() != LayerSpec::Softmax);
+        let mut outputs = Vec::new();
+        for chunk in indices.chunks(batch_size.max(1)) {
+            let xb = self.batch_tensor(x, chunk)?;
+            let out = self.forward(&xb, Mode::Infer)?;
+            outputs.push(if apply_softmax { softmax(&out)? } else { out });
+        }
+        let mut values = Vec::new();
+        for out in outputs {
+            values.extend(out.to_vec_f32()?);
+        }
+        Ok(values)
+    }
+
+    fn architecture(&self) -> Result<Architecture> {
+        Ok(Architecture {
+            format: FORMAT.into(),
+            input_shape: self.input_shape()?.to_vec(),
+            layers: self.layers.iter().map(|l| l.spec()).collect(),
+            loss: self.loss,
+        })
+    }
+
+    /// Writes the architecture (JSON metadata) and every tensor (safetensors) to
+    /// one file, atomically: a crash never leaves a half-written model.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let arch =
+            serde_json::to_string(&self.architecture()?).map_err(|e| model_err(e.to_string()))?;
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, t) in layer.state() {
+                let bytes: Vec<u8> = bytemuck::cast_slice(&t.to_vec_f32()?).to_vec();
+                tensors.push((format!("layers.{i}.{name}"), t.dims().to_vec(), bytes));
+            }
+        }
+        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+            .iter()
+            .map(|(name, shape, bytes)| {
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                    .map(|v| (name.clone(), v))
+                    .map_err(|e| model_err(format!("tensor {name}: {e}")))
+            })
+            .collect::<Result<_>>()?;
+        let metadata = HashMap::from([(METADATA_KEY.to_owned(), arch)]);
+        let bytes =
+            safetensors::serialize(views, Some(metadata)).map_err(|e| model_err(e.to_string()))?;
+        crate::io::write_atomic(path, &bytes)
+    }
+
+    /// A model rebuilt from a file written by [`Model::save`], on `device`.
+    pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = read_file(path)?;
+        let (arch, file) = parse(path, &bytes)?;
+        let mut model = Model::new();
+        model.device = device.clone();
+        model.loss = arch.loss;
+        for spec in &arch.layers {
+            model.layers.push(spec.instantiate());
+        }
+        model
+            .finalize(&arch.input_shape)
+            .map_err(|e| file_err(path, format!("architecture does not build: {e}")))?;
+        model.load_tensors(path, &file)?;
+        Ok(model)
+    }
+
+    /// Replaces this model's tensors with those of a file of the same architecture.
+    pub fn load_weights(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let bytes = read_file(path)?;
+        let (arch, file) = parse(path, &bytes)?;
+        let mine = self.architecture()?;
+        if arch.layers != mine.layers || arch.input_shape != mine.input_shape {
+            return Err(file_err(
+                path,
+                format!(
+                    "another architecture: file has input {:?} and layers {:?}, model has input {:?} and layers {:?}",
+                    arch.input_shape, arch.layers, mine.input_shape, mine.layers
+                ),
+            ));
+        }
+        self.load_tensors(path, &file)
+    }
+
+    /// Checks every tensor against the built model before replacing any, so a
+    /// bad file leaves the model as it was.
+    fn load_tensors(&mut self, path: &Path, file: &safetensors::SafeTensors) -> Result<()> {
+        let mut loaded: Vec<(usize, &'static str, Tensor)> = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, current) in layer.state() {
+                let key = format!("layers.{i}.{name}");
+                let view = file
+                    .tensor(&key)
+                    .map_err(|_| file_err(path, format!("tensor {key} is missing")))?;
+                if view.dtype() != safetensors::Dtype::F32 || view.shape() != current.dims() {
+                    return Err(file_err(
+                        path,
+                        format!(
+                            "tensor {key} is {:?} {:?}, expected F32 {:?}",
+                            view.dtype(),
+                            view.shape(),
+                            current.dims()
+                        ),
+                    ));
+                }
+                let values: Vec<f32> = bytemuck::pod_collect_to_vec(view.data());
+                loaded.push((
+                    i,
+                    name,
+                    Tensor::from_f32(current.dims().to_vec(), values, &self.device)?,
+                ));
+            }
+        }
+        for (i, name, t) in loaded {
+            self.layers[i].set_state(name, t)?;
+        }
+        Ok(())
+    }
+}
+
+fn file_err(path: &Path, reason: String) -> AetherError {
+    AetherError::ModelFile {
+        path: path.to_owned(),
+        reason,
+    }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| AetherError::Io {
+        action: "read model",
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn parse<'b>(path: &Path, bytes: &'b [u8]) -> Result<(Architecture, safetensors::SafeTensors<'b>)> {
+    let file = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| file_err(path, format!("not a complete safetensors file ({e})")))?;
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
+        .map_err(|e| file_err(path, format!("unreadable header ({e})")))?;
+    let json = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(METADATA_KEY))
+        .ok_or_else(|| {
+            file_err(
+                path,
+                format!("no {METADATA_KEY} metadata: not an aether model"),
+            )
+        })?;
+    let arch: Architecture = serde_json::from_str(json)
+        .map_err(|e| file_err(path, format!("malformed architecture ({e})")))?;
+    if arch.format != FORMAT {
+        return Err(file_err(
+            path,
+            format!("format {:?}, expected {FORMAT:?}", arch.format),
+        ));
+    }
+    Ok((arch, file))
+}
+
+/// Fisher-Yates with SplitMix64: the same order for the same seed on every machine.
+fn shuffle(order: &mut [usize], seed: u64) {
+    let mut state = seed;
+    for i in (1..order.len()).rev() {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        let j = ((z ^ (z >> 31)) % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+}
+
+fn progress_bar(epoch: usize, epochs: usize, steps: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(format!("{}/{epochs}", epoch + 1));
+    bar
+}

@@ -1,0 +1,104 @@
+//! Activation layers: ReLU, LeakyReLU, Softmax.
+
+use super::{Layer, LayerSpec, Mode, cached};
+use crate::device::Device;
+use crate::error::Result;
+use crate::ops::activation::{leaky_relu, leaky_relu_backward, relu_backward};
+use crate::ops::loss::{softmax, softmax_backward};
+use crate::ops::relu;
+use crate::tensor::Tensor;
+
+#[derive(Default)]
+pub struct ReLU {
+    input: Option<Tensor>,
+}
+
+impl Layer for ReLU {
+    fn spec(&self) -> LayerSpec {
+        LayerSpec::ReLU
+    }
+
+    fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
+        Ok(input.to_vec())
+    }
+
+    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        if matches!(mode, Mode::Train { .. }) {
+            self.input = Some(x.clone());
+        }
+        relu(x)
+    }
+
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        if !need_dx {
+            return Ok(None);
+        }
+        relu_backward(cached(&self.input, "ReLU::backward")?, dy).map(Some)
+    }
+}
+
+pub struct LeakyReLU {
+    pub alpha: f32,
+    input: Option<Tensor>,
+}
+
+impl LeakyReLU {
+    pub fn new(alpha: f32) -> Self {
+        Self { alpha, input: None }
+    }
+}
+
+impl Layer for LeakyReLU {
+    fn spec(&self) -> LayerSpec {
+        LayerSpec::LeakyReLU { alpha: self.alpha }
+    }
+
+    fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
+        Ok(input.to_vec())
+    }
+
+    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        if matches!(mode, Mode::Train { .. }) {
+            self.input = Some(x.clone());
+        }
+        leaky_relu(x, self.alpha)
+    }
+
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        if !need_dx {
+            return Ok(None);
+        }
+        leaky_relu_backward(cached(&self.input, "LeakyReLU::backward")?, dy, self.alpha).map(Some)
+    }
+}
+
+/// Row-wise softmax over `[N, K]`.
+#[derive(Default)]
+pub struct Softmax {
+    output: Option<Tensor>,
+}
+
+impl Layer for Softmax {
+    fn spec(&self) -> LayerSpec {
+        LayerSpec::Softmax
+    }
+
+    fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
+        Ok(input.to_vec())
+    }
+
+    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let y = softmax(x)?;
+        if matches!(mode, Mode::Train { .. }) {
+            self.output = Some(y.clone());
+        }
+        Ok(y)
+    }
+
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        if !need_dx {
+            return Ok(None);
+        }
+        softmax_backward(cached(&self.output, "Softmax::backward")?, dy).map(Some)
+    }
+}

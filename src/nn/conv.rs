@@ -1,0 +1,328 @@
+//! Conv2d and Dense (a 1x1 convolution over `[N, 1, 1, in]`), on the conv
+//! kernels. On a GPU whose best conv variant takes f16 operands, the weights'
+//! f16 shadow is cast once after each optimizer step and shared by the forward
+//! and input-gradient kernels.
+
+use super::init::he_normal;
+use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc};
+use crate::conv::{
+    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv2d_dinput,
+    conv2d_dweight, conv2d_forward,
+};
+use crate::device::Device;
+use crate::error::{AetherError, Result};
+use crate::tensor::Tensor;
+
+/// A 2-D convolution with bias, NHWC, weights `[R, S, C_in, C_out]`.
+pub struct Conv2d {
+    pub filters: usize,
+    pub kernel: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: Padding,
+    /// L1 / L2 penalties on the kernel and on the bias.
+    pub l1: f32,
+    pub l2: f32,
+    pub bias_l1: f32,
+    pub bias_l2: f32,
+    weights: Option<ConvWeights>,
+    input: Option<Tensor>,
+    grads: Option<(Tensor, Tensor)>,
+    plans: ConvPlans,
+}
+
+struct ConvWeights {
+    params: ConvParams,
+    kernel: Tensor,
+    bias: Tensor,
+    /// The kernel as f16 for the f16 variants; `None` until first needed after an update.
+    kernel_f16: Option<Tensor>,
+}
+
+impl Conv2d {
+    pub fn new(filters: usize, kernel: (usize, usize), padding: Padding) -> Self {
+        Self {
+            filters,
+            kernel,
+            stride: (1, 1),
+            padding,
+            l1: 0.0,
+            l2: 0.0,
+            bias_l1: 0.0,
+            bias_l2: 0.0,
+            weights: None,
+            input: None,
+            grads: None,
+            plans: ConvPlans::new(),
+        }
+    }
+
+    pub fn stride(mut self, stride: (usize, usize)) -> Self {
+        self.stride = stride;
+        self
+    }
+
+    /// L1 / L2 penalties on the kernel and the bias.
+    pub fn regularize(mut self, l1: f32, l2: f32, bias_l1: f32, bias_l2: f32) -> Self {
+        (self.l1, self.l2, self.bias_l1, self.bias_l2) = (l1, l2, bias_l1, bias_l2);
+        self
+    }
+
+    fn weights(&self) -> Result<&ConvWeights> {
+        self.weights
+            .as_ref()
+            .ok_or_else(|| AetherError::InvalidShape {
+                op: "Conv2d",
+                shape: vec![],
+                reason: "layer used before the model was finalized".into(),
+            })
+    }
+
+    /// The kernel operand: the f16 shadow where the best GPU variant takes f16.
+    fn kernel_operand(&mut self) -> Result<Tensor> {
+        let w = self
+            .weights
+            .as_mut()
+            .ok_or_else(|| AetherError::InvalidShape {
+                op: "Conv2d",
+                shape: vec![],
+                reason: "layer used before the model was finalized".into(),
+            })?;
+        let Some(ctx) = w.kernel.gpu_context() else {
+            return Ok(w.kernel.clone());
+        };
+        let f16_first = ConvVariant::candidates(ctx.caps())
+            .first()
+            .is_some_and(|v| v.f16_operands());
+        if !f16_first {
+            return Ok(w.kernel.clone());
+        }
+        if w.kernel_f16.is_none() {
+            w.kernel_f16 = Some(cast_f16(&w.kernel, false)?);
+        }
+        Ok(w.kernel_f16.clone().expect("set above"))
+    }
+}
+
+impl Layer for Conv2d {
+    fn spec(&self) -> LayerSpec {
+        LayerSpec::Conv2d {
+            filters: self.filters,
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+            l1: self.l1,
+            l2: self.l2,
+            bias_l1: self.bias_l1,
+            bias_l2: self.bias_l2,
+        }
+    }
+
+    fn build(&mut self, input: &[usize], seed: u64, device: &Device) -> Result<Vec<usize>> {
+        let [h, w, c] = hwc("Conv2d", input)?;
+        let params = ConvParams {
+            c_out: self.filters,
+            filter: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+            dilation: (1, 1),
+        };
+        let meta = ConvShapeMeta::new([1, h, w, c], &params)?;
+        let kernel = Tensor::from_f32(
+            meta.weight_dims().to_vec(),
+            he_normal(meta.k * self.filters, meta.k, seed),
+            device,
+        )?;
+        let bias = Tensor::from_f32(vec![self.filters], vec![0.0; self.filters], device)?;
+        self.weights = Some(ConvWeights {
+            params,
+            kernel,
+            bias,
+            kernel_f16: None,
+        });
+        Ok(vec![meta.h_out, meta.w_out, self.filters])
+    }
+
+    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let kernel = self.kernel_operand()?;
+        let w = self.weights()?;
+        let y = conv2d_forward(x, &kernel, &w.bias, &w.params, &self.plans)?;
+        if matches!(mode, Mode::Train { .. }) {
+            self.input = Some(x.clone());
+        }
+        Ok(y)
+    }
+
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let x = cached(&self.input, "Conv2d::backward")?.clone();
+        let params = self.weights()?.params;
+        self.grads = Some(conv2d_dweight(&x, dy, &params, &self.plans)?);
+        if !need_dx {
+            return Ok(None);
+        }
+        let kernel = self.kernel_operand()?;
+        let dims = x.shape().nhwc("Conv2d::backward input")?;
+        conv2d_dinput(dy, &kernel, dims, &params, &self.plans).map(Some)
+    }
+
+    fn trainables(&mut self) -> Vec<Trainable<'_>> {
+        let (Some(w), Some((dw, db))) = (self.weights.as_mut(), self.grads.as_ref()) else {
+            return Vec::new();
+        };
+        vec![
+            Trainable {
+                value: &mut w.kernel,
+                grad: dw,
+                l1: self.l1,
+                l2: self.l2,
+                decays: true,
+            },
+            Trainable {
+                value: &mut w.bias,
+                grad: db,
+                l1: self.bias_l1,
+                l2: self.bias_l2,
+                decays: true,
+            },
+        ]
+    }
+
+    fn regularized(&self) -> Vec<(&Tensor, f32, f32)> {
+        let Some(w) = &self.weights else {
+            return Vec::new();
+        };
+        [
+            (&w.kernel, self.l1, self.l2),
+            (&w.bias, self.bias_l1, self.bias_l2),
+        ]
+        .into_iter()
+        .filter(|(_, l1, l2)| *l1 != 0.0 || *l2 != 0.0)
+        .collect()
+    }
+
+    fn state(&self) -> Vec<(&'static str, &Tensor)> {
+        match &self.weights {
+            Some(w) => vec![("kernel", &w.kernel), ("bias", &w.bias)],
+            None => Vec::new(),
+        }
+    }
+
+    fn set_state(&mut self, name: &str, tensor: Tensor) -> Result<()> {
+        let w = self
+            .weights
+            .as_mut()
+            .ok_or_else(|| AetherError::InvalidShape {
+                op: "Conv2d::set_state",
+                shape: vec![],
+                reason: "layer not built".into(),
+            })?;
+        match name {
+            "kernel" => w.kernel = tensor,
+            "bias" => w.bias = tensor,
+            _ => {
+                return Err(AetherError::InvalidShape {
+                    op: "Conv2d::set_state",
+                    shape: tensor.dims().to_vec(),
+                    reason: format!("no tensor named {name:?}"),
+                });
+            }
+        }
+        w.kernel_f16 = None;
+        Ok(())
+    }
+
+    fn params_updated(&mut self) {
+        if let Some(w) = &mut self.weights {
+            w.kernel_f16 = None;
+        }
+    }
+}
+
+/// A fully connected layer `[N, in] -> [N, units]`, run as a 1x1 convolution.
+pub struct Dense {
+    pub units: usize,
+    conv: Conv2d,
+}
+
+impl Dense {
+    pub fn new(units: usize) -> Self {
+        Self {
+            units,
+            conv: Conv2d::new(units, (1, 1), Padding::Valid),
+        }
+    }
+
+    /// L1 / L2 penalties on the weights and the bias.
+    pub fn regularize(mut self, l1: f32, l2: f32, bias_l1: f32, bias_l2: f32) -> Self {
+        self.conv = self.conv.regularize(l1, l2, bias_l1, bias_l2);
+        self
+    }
+
+    fn as_image(x: &Tensor) -> Result<Tensor> {
+        match *x.dims() {
+            [n, features] => x.reshape(vec![n, 1, 1, features]),
+            _ => Err(AetherError::InvalidShape {
+                op: "Dense",
+                shape: x.dims().to_vec(),
+                reason: "expects [N, features] input (add a Flatten layer before it)".into(),
+            }),
+        }
+    }
+
+    fn as_rows(t: &Tensor) -> Result<Tensor> {
+        t.reshape(vec![t.dims()[0], t.numel() / t.dims()[0]])
+    }
+}
+
+impl Layer for Dense {
+    fn spec(&self) -> LayerSpec {
+        LayerSpec::Dense {
+            units: self.units,
+            l1: self.conv.l1,
+            l2: self.conv.l2,
+            bias_l1: self.conv.bias_l1,
+            bias_l2: self.conv.bias_l2,
+        }
+    }
+
+    fn build(&mut self, input: &[usize], seed: u64, device: &Device) -> Result<Vec<usize>> {
+        let [features] = <[usize; 1]>::try_from(input).map_err(|_| AetherError::InvalidShape {
+            op: "Dense",
+            shape: input.to_vec(),
+            reason: "expects per-sample input (features); add a Flatten layer before it".into(),
+        })?;
+        self.conv.build(&[1, 1, features], seed, device)?;
+        Ok(vec![self.units])
+    }
+
+    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        Self::as_rows(&self.conv.forward(&Self::as_image(x)?, mode)?)
+    }
+
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let dy = dy.reshape(batched_dims(dy.dims()[0], &[1, 1, self.units]))?;
+        self.conv
+            .backward(&dy, need_dx)?
+            .map(|dx| Self::as_rows(&dx))
+            .transpose()
+    }
+
+    fn trainables(&mut self) -> Vec<Trainable<'_>> {
+        self.conv.trainables()
+    }
+
+    fn regularized(&self) -> Vec<(&Tensor, f32, f32)> {
+        self.conv.regularized()
+    }
+
+    fn state(&self) -> Vec<(&'static str, &Tensor)> {
+        self.conv.state()
+    }
+
+    fn set_state(&mut self, name: &str, tensor: Tensor) -> Result<()> {
+        self.conv.set_state(name, tensor)
+    }
+
+    fn params_updated(&mut self) {
+        self.conv.params_updated();
+    }
+}

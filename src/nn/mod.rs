@@ -1,0 +1,210 @@
+//! Layers: the `Layer` trait, the serialisable `LayerSpec` that describes each
+//! layer's architecture, and the layers themselves (NHWC, both devices).
+
+mod activation;
+mod conv;
+mod dropout;
+mod init;
+mod norm;
+mod pool;
+mod reshape;
+
+pub use activation::{LeakyReLU, ReLU, Softmax};
+pub use conv::{Conv2d, Dense};
+pub use dropout::{Dropout, SpatialDropout};
+pub use norm::BatchNorm;
+pub use pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
+pub use reshape::Flatten;
+
+use serde::{Deserialize, Serialize};
+
+use crate::conv::Padding;
+use crate::device::Device;
+use crate::error::{AetherError, Result};
+use crate::tensor::Tensor;
+
+/// Whether a forward pass trains (batch statistics, dropout) or infers.
+#[derive(Clone, Copy, Debug)]
+pub enum Mode {
+    /// `seed` and `step` key the dropout masks, so a run is reproducible.
+    Train {
+        seed: u64,
+        step: u32,
+    },
+    Infer,
+}
+
+/// A trainable tensor and its gradient, for the optimizer.
+pub struct Trainable<'a> {
+    pub value: &'a mut Tensor,
+    pub grad: &'a Tensor,
+    pub l1: f32,
+    pub l2: f32,
+    pub decays: bool,
+}
+
+/// The architecture of one layer: what `save` writes and `load` rebuilds from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum LayerSpec {
+    Conv2d {
+        filters: usize,
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        padding: Padding,
+        l1: f32,
+        l2: f32,
+        bias_l1: f32,
+        bias_l2: f32,
+    },
+    Dense {
+        units: usize,
+        l1: f32,
+        l2: f32,
+        bias_l1: f32,
+        bias_l2: f32,
+    },
+    Flatten,
+    BatchNorm {
+        momentum: f32,
+        epsilon: f32,
+    },
+    MaxPool2d {
+        pool: (usize, usize),
+        stride: (usize, usize),
+        padding: Padding,
+    },
+    AvgPool2d {
+        pool: (usize, usize),
+        stride: (usize, usize),
+        padding: Padding,
+    },
+    GlobalAvgPool,
+    Dropout {
+        rate: f32,
+    },
+    SpatialDropout {
+        rate: f32,
+    },
+    ReLU,
+    LeakyReLU {
+        alpha: f32,
+    },
+    Softmax,
+}
+
+impl LayerSpec {
+    /// A fresh, unbuilt layer with this architecture.
+    pub fn instantiate(&self) -> Box<dyn Layer> {
+        match *self {
+            Self::Conv2d {
+                filters,
+                kernel,
+                stride,
+                padding,
+                l1,
+                l2,
+                bias_l1,
+                bias_l2,
+            } => Box::new(
+                Conv2d::new(filters, kernel, padding)
+                    .stride(stride)
+                    .regularize(l1, l2, bias_l1, bias_l2),
+            ),
+            Self::Dense {
+                units,
+                l1,
+                l2,
+                bias_l1,
+                bias_l2,
+            } => Box::new(Dense::new(units).regularize(l1, l2, bias_l1, bias_l2)),
+            Self::Flatten => Box::new(Flatten::default()),
+            Self::BatchNorm { momentum, epsilon } => Box::new(BatchNorm::new(momentum, epsilon)),
+            Self::MaxPool2d {
+                pool,
+                stride,
+                padding,
+            } => Box::new(MaxPool2d::new(pool, stride, padding)),
+            Self::AvgPool2d {
+                pool,
+                stride,
+                padding,
+            } => Box::new(AvgPool2d::new(pool, stride, padding)),
+            Self::GlobalAvgPool => Box::new(GlobalAvgPool::default()),
+            Self::Dropout { rate } => Box::new(Dropout::new(rate)),
+            Self::SpatialDropout { rate } => Box::new(SpatialDropout::new(rate)),
+            Self::ReLU => Box::new(ReLU::default()),
+            Self::LeakyReLU { alpha } => Box::new(LeakyReLU::new(alpha)),
+            Self::Softmax => Box::new(Softmax::default()),
+        }
+    }
+}
+
+/// One layer of a sequential model. Shapes are per sample (no batch dimension)
+/// in `build`; tensors in `forward` / `backward` carry the batch first.
+pub trait Layer: Send {
+    fn spec(&self) -> LayerSpec;
+
+    /// Creates parameters (He initialisation from `seed`) on `device` for a
+    /// per-sample input shape; returns the per-sample output shape.
+    fn build(&mut self, input: &[usize], seed: u64, device: &Device) -> Result<Vec<usize>>;
+
+    /// The forward pass; in training it keeps what `backward` needs.
+    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor>;
+
+    /// Gradients of the parameters from `dy`, and the input gradient when
+    /// `need_dx` (the first layer's is never needed).
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>>;
+
+    /// Parameters with the gradients of the last `backward`.
+    fn trainables(&mut self) -> Vec<Trainable<'_>> {
+        Vec::new()
+    }
+
+    /// `(tensor, l1, l2)` for every regularised parameter.
+    fn regularized(&self) -> Vec<(&Tensor, f32, f32)> {
+        Vec::new()
+    }
+
+    /// Everything that is saved: parameters and running statistics, by name.
+    fn state(&self) -> Vec<(&'static str, &Tensor)> {
+        Vec::new()
+    }
+
+    /// Replaces the state tensor `name` (shape already checked by the caller).
+    fn set_state(&mut self, name: &str, _tensor: Tensor) -> Result<()> {
+        Err(AetherError::InvalidShape {
+            op: "Layer::set_state",
+            shape: vec![],
+            reason: format!("layer {:?} has no tensor {name:?}", self.spec()),
+        })
+    }
+
+    /// Called after the optimizer replaced the parameters (refreshes f16 shadows).
+    fn params_updated(&mut self) {}
+}
+
+/// The tensor a backward pass needs from its forward pass, or a clear error.
+pub(crate) fn cached<'a>(slot: &'a Option<Tensor>, layer: &'static str) -> Result<&'a Tensor> {
+    slot.as_ref().ok_or_else(|| AetherError::InvalidShape {
+        op: layer,
+        shape: vec![],
+        reason: "backward called before a training forward pass".into(),
+    })
+}
+
+/// `[N, dims...]`: a per-sample shape with the batch in front.
+pub(crate) fn batched_dims(n: usize, per_sample: &[usize]) -> Vec<usize> {
+    std::iter::once(n)
+        .chain(per_sample.iter().copied())
+        .collect()
+}
+
+/// `dims` as NHWC per-sample `[H, W, C]`, or an error naming the layer.
+pub(crate) fn hwc(layer: &'static str, dims: &[usize]) -> Result<[usize; 3]> {
+    <[usize; 3]>::try_from(dims).map_err(|_| AetherError::InvalidShape {
+        op: layer,
+        shape: dims.to_vec(),
+        reason: "expects per-sample input (H, W, C)".into(),
+    })
+}

@@ -1,0 +1,180 @@
+//! BatchNorm over the channel axis, with running statistics for inference.
+//! Its parameters are excluded from weight decay.
+
+use super::{Layer, LayerSpec, Mode, Trainable, cached};
+use crate::device::Device;
+use crate::error::{AetherError, Result};
+use crate::ops::batchnorm::{
+    BatchNormStats, batch_norm_backward, batch_norm_inference, batch_norm_train,
+    update_running_stats,
+};
+use crate::tensor::Tensor;
+
+pub struct BatchNorm {
+    /// Running statistics: `running = momentum * running + (1 - momentum) * batch`.
+    pub momentum: f32,
+    pub epsilon: f32,
+    state: Option<NormState>,
+    cache: Option<(Tensor, BatchNormStats)>,
+    grads: Option<(Tensor, Tensor)>,
+}
+
+struct NormState {
+    gamma: Tensor,
+    beta: Tensor,
+    running_mean: Tensor,
+    running_var: Tensor,
+}
+
+impl BatchNorm {
+    pub fn new(momentum: f32, epsilon: f32) -> Self {
+        Self {
+            momentum,
+            epsilon,
+            state: None,
+            cache: None,
+            grads: None,
+        }
+    }
+
+    fn state(&self) -> Result<&NormState> {
+        self.state
+            .as_ref()
+            .ok_or_else(|| AetherError::InvalidShape {
+                op: "BatchNorm",
+                shape: vec![],
+                reason: "layer used before the model was finalized".into(),
+            })
+    }
+}
+
+impl Default for BatchNorm {
+    /// Aether-ML's defaults: momentum 0.99, epsilon 1e-3.
+    fn default() -> Self {
+        Self::new(0.99, 1e-3)
+    }
+}
+
+impl Layer for BatchNorm {
+    fn spec(&self) -> LayerSpec {
+        LayerSpec::BatchNorm {
+            momentum: self.momentum,
+            epsilon: self.epsilon,
+        }
+    }
+
+    fn build(&mut self, input: &[usize], _seed: u64, device: &Device) -> Result<Vec<usize>> {
+        let c = *input.last().ok_or_else(|| AetherError::InvalidShape {
+            op: "BatchNorm",
+            shape: input.to_vec(),
+            reason: "needs at least one feature axis".into(),
+        })?;
+        let filled = |v: f32| Tensor::from_f32(vec![c], vec![v; c], device);
+        self.state = Some(NormState {
+            gamma: filled(1.0)?,
+            beta: filled(0.0)?,
+            running_mean: filled(0.0)?,
+            running_var: filled(1.0)?,
+        });
+        Ok(input.to_vec())
+    }
+
+    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let eps = self.epsilon;
+        if let Mode::Infer = mode {
+            let s = self.state()?;
+            return batch_norm_inference(
+                x,
+                &s.gamma,
+                &s.beta,
+                &s.running_mean,
+                &s.running_var,
+                eps,
+            );
+        }
+        let s = self.state()?;
+        let (y, stats) = batch_norm_train(x, &s.gamma, &s.beta, eps)?;
+        let count = x.numel() / x.dims().last().copied().unwrap_or(1);
+        let (mean, var) = update_running_stats(
+            &s.running_mean,
+            &s.running_var,
+            &stats,
+            count,
+            self.momentum,
+            eps,
+        )?;
+        let s = self.state.as_mut().expect("checked above");
+        (s.running_mean, s.running_var) = (mean, var);
+        self.cache = Some((x.clone(), stats));
+        Ok(y)
+    }
+
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let Some((x, stats)) = self.cache.as_ref() else {
+            return cached(&None, "BatchNorm::backward").map(|_| None);
+        };
+        let (dx, dgamma, dbeta) = batch_norm_backward(dy, x, &self.state()?.gamma, stats)?;
+        self.grads = Some((dgamma, dbeta));
+        Ok(need_dx.then_some(dx))
+    }
+
+    fn trainables(&mut self) -> Vec<Trainable<'_>> {
+        let (Some(s), Some((dg, db))) = (self.state.as_mut(), self.grads.as_ref()) else {
+            return Vec::new();
+        };
+        vec![
+            Trainable {
+                value: &mut s.gamma,
+                grad: dg,
+                l1: 0.0,
+                l2: 0.0,
+                decays: false,
+            },
+            Trainable {
+                value: &mut s.beta,
+                grad: db,
+                l1: 0.0,
+                l2: 0.0,
+                decays: false,
+            },
+        ]
+    }
+
+    fn state(&self) -> Vec<(&'static str, &Tensor)> {
+        match &self.state {
+            Some(s) => vec![
+                ("gamma", &s.gamma),
+                ("beta", &s.beta),
+                ("running_mean", &s.running_mean),
+                ("running_var", &s.running_var),
+            ],
+            None => Vec::new(),
+        }
+    }
+
+    fn set_state(&mut self, name: &str, tensor: Tensor) -> Result<()> {
+        let s = self
+            .state
+            .as_mut()
+            .ok_or_else(|| AetherError::InvalidShape {
+                op: "BatchNorm::set_state",
+                shape: vec![],
+                reason: "layer not built".into(),
+            })?;
+        let slot = match name {
+            "gamma" => &mut s.gamma,
+            "beta" => &mut s.beta,
+            "running_mean" => &mut s.running_mean,
+            "running_var" => &mut s.running_var,
+            _ => {
+                return Err(AetherError::InvalidShape {
+                    op: "BatchNorm::set_state",
+                    shape: tensor.dims().to_vec(),
+                    reason: format!("no tensor named {name:?}"),
+                });
+            }
+        };
+        *slot = tensor;
+        Ok(())
+    }
+}

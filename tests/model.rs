@@ -1,0 +1,301 @@
+//! The Model: training the v1 CIFAR-10 model end to end on both devices,
+//! GPU/CPU parity of predictions, save/load round trips and every bad-file
+//! case, configuration errors, divergence, and one submission per step.
+
+mod common;
+
+use aether::conv::Padding;
+use aether::data::synthetic_images;
+use aether::gpu::DevicePreference;
+use aether::nn::{Dense, Flatten, ReLU, Softmax};
+use aether::optim::Adam;
+use aether::{AetherError, Device, Loss, Metric, Model, TrainOptions};
+use common::{Rng, report};
+
+const SIDE: usize = 16;
+
+fn v1_on(device: &Device, seed: u64) -> Model {
+    let mut model = aether::zoo::cifar10_v1(seed);
+    model.to(device).unwrap();
+    model.finalize(&[SIDE, SIDE, 3]).unwrap();
+    model
+}
+
+fn norm_rel(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let (mut d, mut n) = (0.0f64, 0.0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        d += (f64::from(x) - f64::from(y)).powi(2);
+        n += f64::from(y).powi(2);
+    }
+    (d / n).sqrt()
+}
+
+test_device!(v1_model_learns_the_synthetic_set, |device: &Device| {
+    let (x, y) = synthetic_images(320, SIDE, SIDE, 7);
+    let (vx, vy) = synthetic_images(160, SIDE, SIDE, 8);
+    let mut model = v1_on(device, 1);
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.05,
+        },
+        Adam::adamw(3e-3, 0.01),
+        Metric::CategoricalAccuracy,
+    );
+    let options = TrainOptions {
+        epochs: 4,
+        batch_size: 32,
+        validation: Some((&vx, &vy)),
+        progress: false,
+        ..TrainOptions::default()
+    };
+    let history = model.train(&x, &y, &options).unwrap();
+    let first = &history.epochs[0];
+    let last = history.epochs.last().unwrap();
+    report(&format!(
+        "[aether-test] v1 on {}: loss {:.3} -> {:.3}, accuracy {:.3} -> {:.3}, validation {:?}, {:.1} s/epoch",
+        device.name(),
+        first.loss,
+        last.loss,
+        first.accuracy,
+        last.accuracy,
+        last.validation,
+        last.seconds
+    ));
+    assert!(last.loss < first.loss, "loss must fall: {history:?}");
+    let (_, val_acc) = last.validation.unwrap();
+    assert!(
+        val_acc > 0.5,
+        "validation accuracy {val_acc} should be far above chance (0.1)"
+    );
+});
+
+#[test]
+fn gpu_predictions_match_cpu_for_the_same_seed() {
+    let Some(gpu) = common::gpu() else { return };
+    let (x, _) = synthetic_images(9, SIDE, SIDE, 3);
+    let cpu_probs = v1_on(&Device::Cpu, 5).predict(&x, 4, true).unwrap();
+    let gpu_probs = v1_on(&gpu, 5).predict(&x, 4, true).unwrap();
+    let err = norm_rel(&gpu_probs, &cpu_probs);
+    // f16 conv operands on the GPU: 5e-3 norm-relative on the logits.
+    assert!(err <= 5e-3, "logits differ by {err:e}");
+}
+
+#[test]
+fn a_training_step_is_one_submission() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let device =
+        Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap();
+    let ctx = device.gpu_context().unwrap().clone();
+    let (x, y) = synthetic_images(8, SIDE, SIDE, 4);
+    let mut model = v1_on(&device, 2);
+    for step in 0..3 {
+        let before = ctx.submission_count();
+        let dispatches = ctx.dispatch_count();
+        let (loss, _) = model.train_batch(&x, &y).unwrap();
+        ctx.flush();
+        let submissions = ctx.submission_count() - before;
+        report(&format!(
+            "[aether-test] step {step}: {} dispatches in {submissions} submission(s)",
+            ctx.dispatch_count() - dispatches
+        ));
+        // The first step also uploads the optimizer's initial state.
+        if step > 0 {
+            assert_eq!(submissions, 1, "step {step} took {submissions} submissions");
+        }
+        assert!(loss.to_vec_f32().unwrap()[0].is_finite());
+    }
+}
+
+test_device!(save_load_round_trip_across_devices, |device: &Device| {
+    let (x, y) = synthetic_images(64, SIDE, SIDE, 9);
+    let mut model = v1_on(device, 3);
+    model
+        .train(
+            &x,
+            &y,
+            &TrainOptions {
+                epochs: 1,
+                batch_size: 16,
+                progress: false,
+                ..TrainOptions::default()
+            },
+        )
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!(
+        "aether-model-{}-{}",
+        std::process::id(),
+        Rng::fresh().next_u64()
+    ));
+    let path = dir.join("v1.aether");
+    model.save(&path).unwrap();
+    let want = model.predict(&x[..SIDE * SIDE * 3 * 5], 5, false).unwrap();
+    let mut loaded = Model::load(&path, &Device::Cpu).unwrap();
+    let got = loaded.predict(&x[..SIDE * SIDE * 3 * 5], 5, false).unwrap();
+    let err = norm_rel(&got, &want);
+    assert!(err <= 5e-3, "loaded model predicts differently: {err:e}");
+    // The same file loads back into the same architecture; no temp files stay behind.
+    model.load_weights(&path).unwrap();
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+});
+
+fn small_model(units: usize) -> Model {
+    let mut model = Model::new().seed(1);
+    model.add(Flatten::default());
+    model.add(Dense::new(units));
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.0,
+        },
+        Adam::new(1e-2),
+        Metric::CategoricalAccuracy,
+    );
+    model.finalize(&[2, 2, 3]).unwrap();
+    model
+}
+
+fn expect_model_file_error(result: Result<(), AetherError>, needle: &str) {
+    match result {
+        Err(AetherError::ModelFile { reason, .. }) => assert!(reason.contains(needle), "{reason}"),
+        other => panic!("expected a ModelFile error containing {needle:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_model_files_give_typed_errors_naming_the_problem() {
+    let dir = std::env::temp_dir().join(format!("aether-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.aether");
+    small_model(4).save(&good).unwrap();
+    let bytes = std::fs::read(&good).unwrap();
+
+    let truncated = dir.join("truncated.aether");
+    std::fs::write(&truncated, &bytes[..bytes.len() - 7]).unwrap();
+    expect_model_file_error(
+        Model::load(&truncated, &Device::Cpu).map(|_| ()),
+        "safetensors",
+    );
+
+    expect_model_file_error(small_model(5).load_weights(&good), "another architecture");
+
+    // Same architecture metadata, but the kernel tensor has the wrong shape.
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
+    let arch = header["__metadata__"]["aether_architecture"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let kernel = vec![0u8; 4 * 12 * 3];
+    let bias = vec![0u8; 4 * 4];
+    let views = vec![
+        (
+            "layers.1.kernel".to_owned(),
+            safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                vec![1, 1, 12, 3],
+                &kernel,
+            )
+            .unwrap(),
+        ),
+        (
+            "layers.1.bias".to_owned(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &bias).unwrap(),
+        ),
+    ];
+    let meta = std::collections::HashMap::from([("aether_architecture".to_owned(), arch)]);
+    let wrong = dir.join("wrong-shape.aether");
+    std::fs::write(&wrong, safetensors::serialize(views, Some(meta)).unwrap()).unwrap();
+    expect_model_file_error(
+        Model::load(&wrong, &Device::Cpu).map(|_| ()),
+        "layers.1.kernel",
+    );
+
+    let plain = dir.join("plain.safetensors");
+    std::fs::write(
+        &plain,
+        safetensors::serialize(
+            Vec::<(String, safetensors::tensor::TensorView)>::new(),
+            None,
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    expect_model_file_error(
+        Model::load(&plain, &Device::Cpu).map(|_| ()),
+        "not an aether model",
+    );
+
+    assert!(matches!(
+        Model::load(dir.join("missing"), &Device::Cpu),
+        Err(AetherError::Io { .. })
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn configuration_errors_are_clear() {
+    let mut model = Model::new();
+    model.add(Flatten::default());
+    model.add(Dense::new(3));
+    model.add(Softmax::default());
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.0,
+        },
+        Adam::new(1e-3),
+        Metric::CategoricalAccuracy,
+    );
+    let err = model.finalize(&[2, 2, 1]).unwrap_err().to_string();
+    assert!(err.contains("Softmax"), "{err}");
+
+    let mut model = Model::new();
+    model.add(ReLU::default());
+    model.add(Dense::new(3));
+    let err = model.finalize(&[4, 4, 2]).unwrap_err().to_string();
+    assert!(err.contains("layer 1") && err.contains("Flatten"), "{err}");
+
+    let mut model = Model::new();
+    model.add(aether::nn::Conv2d::new(4, (5, 5), Padding::Valid));
+    let err = model.finalize(&[3, 3, 1]).unwrap_err().to_string();
+    assert!(err.contains("layer 0"), "{err}");
+}
+
+test_device!(
+    non_finite_loss_stops_training_naming_the_step,
+    |device: &Device| {
+        let mut model = Model::new().seed(2);
+        model.to(device).unwrap();
+        model.add(Flatten::default());
+        model.add(Dense::new(3));
+        model.configure(
+            Loss::SoftmaxCrossEntropy {
+                label_smoothing: 0.0,
+            },
+            Adam::new(1e-2),
+            Metric::CategoricalAccuracy,
+        );
+        model.finalize(&[2, 2, 1]).unwrap();
+        let mut x = Rng::fresh().vec(4 * 8);
+        x[5 * 4] = f32::NAN; // sample 5, in the third batch of two
+        let y = vec![0, 1, 2, 0, 1, 2, 0, 1];
+        let options = TrainOptions {
+            epochs: 1,
+            batch_size: 2,
+            shuffle: false,
+            log_every: 1,
+            progress: false,
+            ..TrainOptions::default()
+        };
+        match model.train(&x, &y, &options) {
+            Err(AetherError::NonFiniteLoss { step, .. }) => assert_eq!(step, 3),
+            other => panic!("expected NonFiniteLoss, got {other:?}"),
+        }
+    }
+);
