@@ -256,8 +256,9 @@ impl Model {
         }
     }
 
-    /// The sum of every layer's L1/L2 penalties, or `None` without any.
-    fn regularization(&self) -> Result<Option<f32>> {
+    /// The sum of every layer's L1/L2 penalties (one GPU reduction over all of
+    /// them), or `None` when no layer is regularised. Computed only when asked.
+    pub fn regularization_loss(&self) -> Result<Option<f32>> {
         let terms: Vec<(&Tensor, f32, f32)> =
             self.layers.iter().flat_map(|l| l.regularized()).collect();
         if terms.is_empty() {
@@ -358,7 +359,10 @@ impl Model {
                     }
                     if let Some(bar) = &bar {
                         let rate = (s + 1) as f64 / start.elapsed().as_secs_f64();
-                        bar.set_message(format!("loss {value:.4}  {rate:.1} steps/s"));
+                        let accuracy = f64::from(correct.to_vec_u32()?[0]) / chunk.len() as f64;
+                        bar.set_message(format!(
+                            "loss {value:.4}  acc {accuracy:.4}  {rate:.1} steps/s"
+                        ));
                     }
                 }
                 if let Some(bar) = &bar {
@@ -379,7 +383,7 @@ impl Model {
                 loss_sum += f64::from(value);
                 correct_sum += u64::from(correct.to_vec_u32()?[0]);
             }
-            let reg = self.regularization()?.unwrap_or(0.0);
+            let reg = self.regularization_loss()?.unwrap_or(0.0);
             let validation = match options.validation {
                 Some((vx, vy)) => Some(self.evaluate(vx, vy, options.batch_size)?),
                 None => None,

@@ -299,3 +299,50 @@ test_device!(
         }
     }
 );
+
+/// The first training step (train-mode BatchNorm, dropout masks, loss) gives
+/// the same loss on the GPU as on the CPU for the same seed.
+#[test]
+fn first_training_step_loss_matches_cpu() {
+    let Some(gpu) = common::gpu() else { return };
+    let (x, y) = synthetic_images(12, SIDE, SIDE, 11);
+    let cpu_loss = v1_on(&Device::Cpu, 4)
+        .train_batch(&x, &y)
+        .unwrap()
+        .0
+        .to_vec_f32()
+        .unwrap()[0];
+    let gpu_loss = v1_on(&gpu, 4)
+        .train_batch(&x, &y)
+        .unwrap()
+        .0
+        .to_vec_f32()
+        .unwrap()[0];
+    let rel = ((gpu_loss - cpu_loss) / cpu_loss).abs();
+    // f16 conv operands on the GPU.
+    assert!(
+        rel <= 5e-3,
+        "loss {gpu_loss} on the GPU vs {cpu_loss} on the CPU"
+    );
+}
+
+#[test]
+fn regularization_loss_is_reported_only_for_regularized_models() {
+    let mut model = Model::new().seed(3);
+    model.add(Flatten::default());
+    model.add(Dense::new(3).regularize(0.0, 1e-2, 0.0, 0.0));
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.0,
+        },
+        Adam::new(1e-2),
+        Metric::CategoricalAccuracy,
+    );
+    model.finalize(&[2, 2, 1]).unwrap();
+    let reg = model.regularization_loss().unwrap().unwrap();
+    assert!(
+        reg > 0.0,
+        "He-initialised weights have a positive L2 penalty"
+    );
+    assert!(small_model(3).regularization_loss().unwrap().is_none());
+}
