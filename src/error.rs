@@ -80,6 +80,18 @@ pub enum AetherError {
     /// Training diverged.
     #[error("non-finite loss {loss} at step {step} (epoch {epoch}): training stopped")]
     NonFiniteLoss { step: u64, epoch: usize, loss: f32 },
+    /// A dataset file that cannot be used: missing, truncated, malformed, or a
+    /// record with a bad label (`record` counts from 0).
+    #[error(
+        "dataset file {path}{}: {reason}",
+        record.map(|r| format!(", record {r}")).unwrap_or_default(),
+        path = path.display()
+    )]
+    Dataset {
+        path: PathBuf,
+        record: Option<usize>,
+        reason: String,
+    },
     /// File system trouble, with the path involved.
     #[error("{action} {path}: {source}", path = path.display())]
     Io {

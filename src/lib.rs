@@ -8,6 +8,7 @@
 
 pub mod conv;
 pub mod data;
+pub mod datasets;
 pub mod device;
 pub mod diagnostics;
 pub mod error;

@@ -1,0 +1,747 @@
+//! CIFAR-10: the loader of the binary version, and everything
+//! `examples/cifar10.rs` does (argument parsing in [`Cifar10Args::parse`], the
+//! whole run in [`run`]), kept here so that tests reach it; the example's
+//! `main` is a thin wrapper.
+//!
+//! Images come out NHWC f32 in [0, 1] (byte / 255) with no per-channel
+//! standardisation: the reference model has BatchNorm after every convolution,
+//! which absorbs the input's offset and scale, and in [0, 1] the zero padding of
+//! `--augment` and of 'same' convolutions is plain black.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::augment::{random_crop_flip, splitmix64};
+use crate::conv::ConvVariant;
+use crate::device::Device;
+use crate::error::{AetherError, Result};
+use crate::gpu::{DevicePreference, GpuOptions};
+use crate::model::{Loss, Metric};
+use crate::optim::Adam;
+
+/// Height and width of a CIFAR-10 image.
+pub const IMAGE_SIDE: usize = 32;
+/// Values of one image: 32 x 32 pixels x 3 channels.
+pub const IMAGE_VALUES: usize = IMAGE_SIDE * IMAGE_SIDE * 3;
+/// One record of the binary version: a label byte, then 1024 red, 1024 green
+/// and 1024 blue bytes, each plane row-major.
+pub const RECORD_BYTES: usize = 1 + IMAGE_VALUES;
+/// The training files, in the order their images are used.
+pub const TRAIN_FILES: [&str; 5] = [
+    "data_batch_1.bin",
+    "data_batch_2.bin",
+    "data_batch_3.bin",
+    "data_batch_4.bin",
+    "data_batch_5.bin",
+];
+pub const TEST_FILE: &str = "test_batch.bin";
+/// Optional: one class name a line.
+pub const META_FILE: &str = "batches.meta.txt";
+/// The folder the binary version unpacks to; `load_cifar10` also looks inside it.
+pub const ARCHIVE_DIR: &str = "cifar-10-batches-bin";
+/// The class names used when there is no `batches.meta.txt`.
+pub const CLASS_NAMES: [&str; 10] = [
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+];
+
+/// A loaded CIFAR-10: NHWC f32 images in [0, 1] (`IMAGE_VALUES` each) and labels 0..9.
+#[derive(Clone, Debug)]
+pub struct Cifar10 {
+    pub train_x: Vec<f32>,
+    pub train_y: Vec<u32>,
+    pub test_x: Vec<f32>,
+    pub test_y: Vec<u32>,
+    pub class_names: Vec<String>,
+}
+
+fn dataset_err(path: &Path, record: Option<usize>, reason: impl Into<String>) -> AetherError {
+    AetherError::Dataset {
+        path: path.to_owned(),
+        record,
+        reason: reason.into(),
+    }
+}
+
+/// Loads the binary version from `dir` (or from `dir/cifar-10-batches-bin`):
+/// the training images of `data_batch_1.bin`..`data_batch_5.bin` in order, at
+/// most `limit` of them, and all of `test_batch.bin`. Every file is checked
+/// (present, non-empty, whole records) before any is read; training files past
+/// the limit are not read. Any problem is an [`AetherError::Dataset`] naming
+/// the file and, where one is at fault, the record (counting from 0).
+pub fn load_cifar10(dir: &Path, limit: Option<usize>) -> Result<Cifar10> {
+    let dir = locate(dir);
+    if limit == Some(0) {
+        return Err(dataset_err(
+            &dir,
+            None,
+            "a limit of 0 training images loads nothing",
+        ));
+    }
+    let train_paths: Vec<PathBuf> = TRAIN_FILES.iter().map(|f| dir.join(f)).collect();
+    let test_path = dir.join(TEST_FILE);
+    let mut counts = Vec::with_capacity(TRAIN_FILES.len());
+    for path in &train_paths {
+        counts.push(record_count(path)?);
+    }
+    let test_count = record_count(&test_path)?;
+    let class_names = read_class_names(&dir.join(META_FILE))?;
+
+    let mut wanted = limit.unwrap_or(usize::MAX);
+    let (mut train_x, mut train_y) = (Vec::new(), Vec::new());
+    for (path, count) in train_paths.iter().zip(counts) {
+        if wanted == 0 {
+            break;
+        }
+        let take = count.min(wanted);
+        let (x, y) = read_records(path, take)?;
+        train_x.extend_from_slice(&x);
+        train_y.extend_from_slice(&y);
+        wanted -= take;
+    }
+    let (test_x, test_y) = read_records(&test_path, test_count)?;
+    Ok(Cifar10 {
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        class_names,
+    })
+}
+
+/// `dir`, or its `cifar-10-batches-bin` subfolder when the files are there.
+fn locate(dir: &Path) -> PathBuf {
+    let nested = dir.join(ARCHIVE_DIR);
+    if !dir.join(TRAIN_FILES[0]).exists() && nested.join(TRAIN_FILES[0]).is_file() {
+        nested
+    } else {
+        dir.to_owned()
+    }
+}
+
+/// The number of records in `path`, from its size.
+fn record_count(path: &Path) -> Result<usize> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        dataset_err(
+            path,
+            None,
+            format!(
+                "cannot open ({e}); expected the CIFAR-10 binary version ({} and {TEST_FILE})",
+                TRAIN_FILES.join(", ")
+            ),
+        )
+    })?;
+    if !meta.is_file() {
+        return Err(dataset_err(path, None, "not a regular file"));
+    }
+    let bytes = usize::try_from(meta.len())
+        .map_err(|_| dataset_err(path, None, "too large for this machine"))?;
+    check_length(path, bytes)
+}
+
+/// Records in a file of `bytes` bytes, or why the length is not one of the format's.
+fn check_length(path: &Path, bytes: usize) -> Result<usize> {
+    if bytes == 0 {
+        return Err(dataset_err(path, None, "empty file: no records"));
+    }
+    let whole = bytes / RECORD_BYTES;
+    let rest = bytes % RECORD_BYTES;
+    if rest != 0 {
+        return Err(dataset_err(
+            path,
+            Some(whole),
+            format!(
+                "truncated: the file has {bytes} bytes, not a whole number of {RECORD_BYTES}-byte \
+                 records (label + 3072 pixels); this record has only {rest} bytes"
+            ),
+        ));
+    }
+    Ok(whole)
+}
+
+/// The first `count` records of `path`, as NHWC images in [0, 1] and labels.
+fn read_records(path: &Path, count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
+    let mut bytes = Vec::with_capacity(count * RECORD_BYTES);
+    std::fs::File::open(path)
+        .and_then(|file| {
+            file.take((count * RECORD_BYTES) as u64)
+                .read_to_end(&mut bytes)
+        })
+        .map_err(|e| dataset_err(path, None, format!("cannot read ({e})")))?;
+    if bytes.len() != count * RECORD_BYTES {
+        // The file shrank since its size was checked.
+        check_length(path, bytes.len())?;
+        return Err(dataset_err(
+            path,
+            Some(bytes.len() / RECORD_BYTES),
+            "the file ended early while it was read",
+        ));
+    }
+    let mut labels = Vec::with_capacity(count);
+    for (record, chunk) in bytes.chunks_exact(RECORD_BYTES).enumerate() {
+        let label = chunk[0];
+        if label > 9 {
+            return Err(dataset_err(
+                path,
+                Some(record),
+                format!("label {label} is outside 0..9"),
+            ));
+        }
+        labels.push(u32::from(label));
+    }
+    let plane = IMAGE_SIDE * IMAGE_SIDE;
+    let mut images = vec![0.0f32; count * IMAGE_VALUES];
+    images
+        .par_chunks_exact_mut(IMAGE_VALUES)
+        .zip(bytes.par_chunks_exact(RECORD_BYTES))
+        .for_each(|(image, record)| {
+            let planes = &record[1..];
+            for (pixel, rgb) in image.chunks_exact_mut(3).enumerate() {
+                for (c, value) in rgb.iter_mut().enumerate() {
+                    *value = f32::from(planes[c * plane + pixel]) / 255.0;
+                }
+            }
+        });
+    Ok((images, labels))
+}
+
+/// The ten names of `batches.meta.txt` (one a line, blank lines ignored), or
+/// the standard names when the file is absent.
+fn read_class_names(path: &Path) -> Result<Vec<String>> {
+    let text = match std::fs::read(path) {
+        Ok(bytes) => String::from_utf8(bytes)
+            .map_err(|_| dataset_err(path, None, "class names are not UTF-8 text"))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(CLASS_NAMES.iter().map(|s| s.to_string()).collect());
+        }
+        Err(e) => return Err(dataset_err(path, None, format!("cannot read ({e})"))),
+    };
+    let names: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if names.len() != CLASS_NAMES.len() {
+        return Err(dataset_err(
+            path,
+            None,
+            format!("{} class names, expected 10 (one a line)", names.len()),
+        ));
+    }
+    Ok(names)
+}
+
+/// The options of `examples/cifar10.rs`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Cifar10Args {
+    /// `--data DIR`; without it [`Cifar10Args::data_dir`] falls back to `AETHER_CIFAR10`.
+    pub data: Option<PathBuf>,
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub lr: f32,
+    /// `--device`; `None` lets [`Device::best`] read `AETHER_DEVICE` (default auto).
+    pub device: Option<DevicePreference>,
+    pub seed: u64,
+    /// Use the first N training images.
+    pub limit: Option<usize>,
+    /// Evaluate on the first N test images.
+    pub test_limit: Option<usize>,
+    pub save: Option<PathBuf>,
+    pub plot: Option<PathBuf>,
+    pub augment: bool,
+    pub help: bool,
+}
+
+impl Default for Cifar10Args {
+    fn default() -> Self {
+        Self {
+            data: None,
+            epochs: 10,
+            batch_size: 256,
+            lr: 1e-3,
+            device: None,
+            seed: 0,
+            limit: None,
+            test_limit: None,
+            save: None,
+            plot: None,
+            augment: false,
+            help: false,
+        }
+    }
+}
+
+/// The `--help` text of the example.
+pub const USAGE: &str = "\
+Train the reference CNN (aether::zoo::cifar10_v1) on CIFAR-10, or on an embedded
+synthetic stand-in when no data directory is given.
+
+usage: cargo run --release --example cifar10 -- [options]
+
+options:
+  --data DIR         CIFAR-10 binary version: data_batch_1.bin .. data_batch_5.bin and
+                     test_batch.bin (batches.meta.txt optional) in DIR or
+                     DIR/cifar-10-batches-bin. Default: $AETHER_CIFAR10; without either,
+                     a synthetic 10-class set made in code (NOT CIFAR-10)
+  --epochs N         training epochs (default 10)
+  --batch-size N     images per step (default 256)
+  --lr F             AdamW learning rate (default 0.001)
+  --device D         cpu, gpu or auto (default: $AETHER_DEVICE, else auto)
+  --seed N           seed of weights, dropout, shuffling and augmentation (default 0)
+  --limit N          train on the first N training images only
+  --test-limit N     evaluate on the first N test images only
+  --save PATH        write the trained model (safetensors) to PATH
+  --plot PATH        write a PNG of loss and accuracy per epoch to PATH
+  --augment          random crop with 4-pixel zero padding and horizontal flip; done on
+                     the HOST (CPU) per batch before upload, not on the GPU
+  -h, --help         show this text
+
+Images are scaled to [0, 1] without per-channel standardisation. The last line
+printed is `test accuracy: 0.XXXX`.";
+
+impl Cifar10Args {
+    /// Parses the arguments after the program name. `--name value` and
+    /// `--name=value` both work; a later option overrides an earlier one. The
+    /// error is a message for the user (the example prints it and exits with 2).
+    pub fn parse(args: &[String]) -> Result<Self, String> {
+        let mut parsed = Self::default();
+        let mut rest = args.iter();
+        while let Some(arg) = rest.next() {
+            let (name, inline) = match arg.split_once('=') {
+                Some((name, value)) if name.starts_with("--") => (name, Some(value)),
+                _ => (arg.as_str(), None),
+            };
+            if matches!(name, "--augment" | "--help" | "-h") {
+                if inline.is_some() {
+                    return Err(format!("{name} takes no value"));
+                }
+                match name {
+                    "--augment" => parsed.augment = true,
+                    _ => parsed.help = true,
+                }
+                continue;
+            }
+            if !name.starts_with('-') {
+                return Err(format!("unexpected argument {arg:?}"));
+            }
+            if !OPTIONS_WITH_VALUE.contains(&name) {
+                return Err(format!("unknown option {name:?}"));
+            }
+            let value = match inline {
+                Some(v) => v,
+                None => rest
+                    .next()
+                    .map(String::as_str)
+                    .filter(|v| !v.starts_with("--"))
+                    .ok_or_else(|| format!("{name} needs a value"))?,
+            };
+            match name {
+                "--data" => parsed.data = Some(path_value(name, value)?),
+                "--epochs" => parsed.epochs = count_value(name, value)?,
+                "--batch-size" => parsed.batch_size = count_value(name, value)?,
+                "--lr" => parsed.lr = rate_value(name, value)?,
+                "--device" => parsed.device = Some(device_value(value)?),
+                "--seed" => {
+                    parsed.seed = value.parse().map_err(|_| {
+                        format!("--seed: expected a whole number 0 or more, got {value:?}")
+                    })?
+                }
+                "--limit" => parsed.limit = Some(count_value(name, value)?),
+                "--test-limit" => parsed.test_limit = Some(count_value(name, value)?),
+                "--save" => parsed.save = Some(path_value(name, value)?),
+                _ => parsed.plot = Some(path_value(name, value)?),
+            }
+        }
+        Ok(parsed)
+    }
+
+    /// `--data`, else a non-empty `AETHER_CIFAR10`, else `None` (synthetic data).
+    pub fn data_dir(&self) -> Option<PathBuf> {
+        self.data.clone().or_else(|| {
+            std::env::var_os("AETHER_CIFAR10")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+    }
+}
+
+const OPTIONS_WITH_VALUE: [&str; 10] = [
+    "--data",
+    "--epochs",
+    "--batch-size",
+    "--lr",
+    "--device",
+    "--seed",
+    "--limit",
+    "--test-limit",
+    "--save",
+    "--plot",
+];
+
+fn count_value(name: &str, value: &str) -> Result<usize, String> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| format!("{name}: expected a whole number of at least 1, got {value:?}"))
+}
+
+fn rate_value(name: &str, value: &str) -> Result<f32, String> {
+    value
+        .parse::<f32>()
+        .ok()
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .ok_or_else(|| format!("{name}: expected a positive number such as 0.001, got {value:?}"))
+}
+
+fn path_value(name: &str, value: &str) -> Result<PathBuf, String> {
+    if value.is_empty() {
+        return Err(format!("{name}: expected a path, got an empty value"));
+    }
+    Ok(PathBuf::from(value))
+}
+
+fn device_value(value: &str) -> Result<DevicePreference, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "cpu" => Ok(DevicePreference::Cpu),
+        "gpu" => Ok(DevicePreference::Gpu),
+        "auto" => Ok(DevicePreference::Auto),
+        _ => Err(format!(
+            "--device: expected cpu, gpu or auto, got {value:?}"
+        )),
+    }
+}
+
+/// What one epoch of [`run`] measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpochReport {
+    /// Counting from 1.
+    pub epoch: usize,
+    /// Mean loss of the epoch's steps (label-smoothed, with dropout).
+    pub train_loss: f32,
+    pub train_accuracy: f32,
+    pub test_loss: f32,
+    pub test_accuracy: f32,
+    /// Training time of the epoch, test evaluation excluded.
+    pub train_seconds: f64,
+    pub ms_per_step: f64,
+    pub images_per_second: f64,
+}
+
+/// What [`run`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSummary {
+    /// False when it trained on the synthetic stand-in.
+    pub real_cifar10: bool,
+    /// [`Device::name`] of the device it trained on.
+    pub device: String,
+    pub train_images: usize,
+    pub test_images: usize,
+    pub epochs: Vec<EpochReport>,
+    /// The test accuracy after the last epoch.
+    pub test_accuracy: f32,
+}
+
+/// Size of the synthetic stand-in (`data::synthetic_images` at 32 x 32), whose
+/// fixed seeds give every run the same data; `--limit N` takes a prefix.
+pub const SYNTHETIC_TRAIN: usize = 10_000;
+pub const SYNTHETIC_TEST: usize = 2_000;
+pub const SYNTHETIC_TRAIN_SEED: u64 = 0xc1fa_0001;
+pub const SYNTHETIC_TEST_SEED: u64 = 0xc1fa_0002;
+/// Steps between loss read-backs (progress message and divergence check).
+const LOG_EVERY: usize = 20;
+/// Padding of the random crop of `--augment`.
+const AUGMENT_PAD: usize = 4;
+
+/// Everything the example does: picks the device, loads CIFAR-10 (or makes the
+/// synthetic stand-in), trains `zoo::cifar10_v1` with a progress bar and one
+/// line per epoch, evaluates on the test set after every epoch, optionally
+/// saves and plots, and prints `test accuracy: 0.XXXX` as its last line.
+pub fn run(args: &Cifar10Args) -> Result<RunSummary> {
+    let device = match args.device {
+        None => Device::best()?,
+        Some(preference) => Device::with_preference(preference, &GpuOptions::from_env()?)?,
+    };
+    print_device(&device);
+
+    let (data, real) = match args.data_dir() {
+        Some(dir) => {
+            let data = load_cifar10(&dir, args.limit)?;
+            println!(
+                "data: CIFAR-10 from {} ({} train / {} test images)",
+                dir.display(),
+                data.train_y.len(),
+                data.test_y.len()
+            );
+            (data, true)
+        }
+        None => (synthetic(args.limit), false),
+    };
+    let (test_x, test_y) = match args.test_limit {
+        Some(n) if n < data.test_y.len() => (&data.test_x[..n * IMAGE_VALUES], &data.test_y[..n]),
+        _ => (&data.test_x[..], &data.test_y[..]),
+    };
+    if let Some(limit) = args.limit
+        && limit > data.train_y.len()
+    {
+        println!(
+            "note: --limit {limit} is more than the {} training images available",
+            data.train_y.len()
+        );
+    }
+    println!("classes: {}", data.class_names.join(", "));
+    println!(
+        "model: zoo::cifar10_v1, seed {}; AdamW lr {}, batch size {}, {} epochs, augmentation {}",
+        args.seed,
+        args.lr,
+        args.batch_size,
+        args.epochs,
+        if args.augment {
+            "on (random crop, pad 4, and flip, on the host)"
+        } else {
+            "off"
+        }
+    );
+
+    let mut model = crate::zoo::cifar10_v1(args.seed);
+    // Loss and weight decay as in zoo::cifar10_v1; only the learning rate is ours.
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.05,
+        },
+        Adam::adamw(args.lr, 0.01),
+        Metric::CategoricalAccuracy,
+    );
+    model.to(&device)?;
+    model.finalize(&[IMAGE_SIDE, IMAGE_SIDE, 3])?;
+
+    let mut trainer = Trainer {
+        model,
+        args,
+        step: 0,
+    };
+    let mut epochs = Vec::with_capacity(args.epochs);
+    for epoch in 0..args.epochs {
+        let report = trainer.epoch(epoch, &data.train_x, &data.train_y, test_x, test_y)?;
+        println!(
+            "epoch {:>3}/{}  train loss {:.4}  train acc {:.4}  test loss {:.4}  test acc {:.4}  \
+             {:.1} ms/step  {:.0} images/s",
+            report.epoch,
+            args.epochs,
+            report.train_loss,
+            report.train_accuracy,
+            report.test_loss,
+            report.test_accuracy,
+            report.ms_per_step,
+            report.images_per_second
+        );
+        epochs.push(report);
+    }
+    let model = trainer.model;
+
+    if let Some(path) = &args.save {
+        model.save(path)?;
+        println!("saved the model to {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "{} on {} ({} train images)",
+            if real {
+                "CIFAR-10"
+            } else {
+                "synthetic stand-in (not CIFAR-10)"
+            },
+            device.name(),
+            data.train_y.len()
+        );
+        super::plot::plot_training(path, &title, &epochs)?;
+        println!("wrote the plot to {}", path.display());
+    }
+    let test_accuracy = epochs.last().map_or(0.0, |e| e.test_accuracy);
+    println!("test accuracy: {test_accuracy:.4}");
+    Ok(RunSummary {
+        real_cifar10: real,
+        device: device.name(),
+        train_images: data.train_y.len(),
+        test_images: test_y.len(),
+        epochs,
+        test_accuracy,
+    })
+}
+
+fn print_device(device: &Device) {
+    match device.gpu_context() {
+        Some(ctx) => {
+            let caps = ctx.caps();
+            println!("device: {}", caps.describe());
+            let variants: Vec<&str> = ConvVariant::candidates(caps)
+                .into_iter()
+                .map(ConvVariant::name)
+                .collect();
+            println!(
+                "conv kernel variants (best first; a shape a variant declines falls back with a \
+                 warning): {}",
+                variants.join(", ")
+            );
+        }
+        None => {
+            println!(
+                "device: cpu (pure-Rust path, {} rayon threads)",
+                rayon::current_num_threads()
+            );
+            println!("conv kernels: CPU im2col + GEMM (no GPU variants)");
+        }
+    }
+}
+
+/// The synthetic stand-in, announced as such.
+fn synthetic(limit: Option<usize>) -> Cifar10 {
+    let train = limit.map_or(SYNTHETIC_TRAIN, |l| l.min(SYNTHETIC_TRAIN));
+    let (train_x, train_y) =
+        crate::data::synthetic_images(train, IMAGE_SIDE, IMAGE_SIDE, SYNTHETIC_TRAIN_SEED);
+    let (test_x, test_y) =
+        crate::data::synthetic_images(SYNTHETIC_TEST, IMAGE_SIDE, IMAGE_SIDE, SYNTHETIC_TEST_SEED);
+    println!(
+        "data: no --data DIR and no AETHER_CIFAR10, so this trains on a SYNTHETIC 10-class set \
+         ({train} train / {SYNTHETIC_TEST} test images, 32x32x3, generated in code). \
+         This is NOT CIFAR-10."
+    );
+    println!(
+        "      For the real data, download the CIFAR-10 binary version (cifar-10-binary.tar.gz, \
+         https://www.cs.toronto.edu/~kriz/cifar.html), unpack it and pass \
+         --data path/to/cifar-10-batches-bin (or set AETHER_CIFAR10)."
+    );
+    Cifar10 {
+        train_x,
+        train_y,
+        test_x,
+        test_y,
+        class_names: (0..10).map(|k| format!("synthetic-{k}")).collect(),
+    }
+}
+
+/// The training loop of [`run`], on `Model::train_batch` so that each batch
+/// can be augmented on the host before upload.
+struct Trainer<'a> {
+    model: crate::Model,
+    args: &'a Cifar10Args,
+    /// Steps taken so far, over all epochs.
+    step: u64,
+}
+
+impl Trainer<'_> {
+    fn epoch(
+        &mut self,
+        epoch: usize,
+        x: &[f32],
+        y: &[u32],
+        test_x: &[f32],
+        test_y: &[u32],
+    ) -> Result<EpochReport> {
+        let n = y.len();
+        let batch_size = self.args.batch_size;
+        let steps = n.div_ceil(batch_size);
+        let epoch_seed = mix(self.args.seed, epoch as u64);
+        let order = permutation(n, epoch_seed);
+        let bar = progress_bar(epoch, self.args.epochs, steps);
+        let start = Instant::now();
+        let mut pending = Vec::with_capacity(steps);
+        let mut batch = Vec::with_capacity(batch_size * IMAGE_VALUES);
+        for (s, chunk) in order.chunks(batch_size).enumerate() {
+            batch.clear();
+            for &i in chunk {
+                batch.extend_from_slice(&x[i * IMAGE_VALUES..(i + 1) * IMAGE_VALUES]);
+            }
+            if self.args.augment {
+                random_crop_flip(
+                    &mut batch,
+                    IMAGE_SIDE,
+                    IMAGE_SIDE,
+                    3,
+                    AUGMENT_PAD,
+                    mix(epoch_seed, s as u64),
+                );
+            }
+            let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
+            let (loss, correct) = self.model.train_batch(&batch, &labels)?;
+            self.step += 1;
+            if (s + 1) % LOG_EVERY == 0 || s + 1 == steps {
+                let value = self.finite(loss.to_vec_f32()?[0], epoch)?;
+                let rate = (s + 1) as f64 / start.elapsed().as_secs_f64();
+                bar.set_message(format!("loss {value:.4}  {rate:.1} steps/s"));
+            }
+            bar.inc(1);
+            pending.push((loss, correct));
+        }
+        let (mut loss_sum, mut correct_sum) = (0.0f64, 0u64);
+        for (loss, correct) in &pending {
+            loss_sum += f64::from(self.finite(loss.to_vec_f32()?[0], epoch)?);
+            correct_sum += u64::from(correct.to_vec_u32()?[0]);
+        }
+        let train_seconds = start.elapsed().as_secs_f64();
+        bar.finish_and_clear();
+        let (test_loss, test_accuracy) = self.model.evaluate(test_x, test_y, batch_size)?;
+        Ok(EpochReport {
+            epoch: epoch + 1,
+            train_loss: (loss_sum / steps as f64) as f32,
+            train_accuracy: correct_sum as f32 / n as f32,
+            test_loss,
+            test_accuracy,
+            train_seconds,
+            ms_per_step: train_seconds * 1000.0 / steps as f64,
+            images_per_second: n as f64 / train_seconds,
+        })
+    }
+
+    fn finite(&self, loss: f32, epoch: usize) -> Result<f32> {
+        if loss.is_finite() {
+            Ok(loss)
+        } else {
+            Err(AetherError::NonFiniteLoss {
+                step: self.step,
+                epoch,
+                loss,
+            })
+        }
+    }
+}
+
+fn mix(seed: u64, value: u64) -> u64 {
+    let mut state = seed ^ value.wrapping_mul(0xd134_2543_de82_ef95);
+    splitmix64(&mut state)
+}
+
+/// A Fisher-Yates shuffle of `0..n`, the same for the same seed everywhere.
+fn permutation(n: usize, seed: u64) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut state = seed;
+    for i in (1..n).rev() {
+        let j = (splitmix64(&mut state) % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+/// A bar like `Model::train`'s; indicatif draws it only on a terminal.
+fn progress_bar(epoch: usize, epochs: usize, steps: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(format!("{}/{epochs}", epoch + 1));
+    bar
+}
