@@ -10,7 +10,8 @@
 //!
 //! Determinism: every reduction sums fixed chunks of [`CHUNK_ROWS`] rows into a
 //! per-channel partials buffer `[chunks, C]` (on the GPU: in-order row lanes, then
-//! a fixed workgroup tree), and a second pass adds the partials in chunk order.
+//! a fixed workgroup tree), and a second pass adds the partials in a fixed order
+//! (the CPU: chunk order in f64; the GPU: strided lanes, then a tree).
 //! No atomics, so two runs on the same input give identical bits. The CPU path
 //! accumulates in f64 over the same chunks.
 
@@ -542,8 +543,8 @@ fn partial_sums<const K: usize>(
         .expect("exactly K partials buffers were made"))
 }
 
-/// Records the second reduction pass: per channel, the partials summed in chunk
-/// order and finished as `finish` says.
+/// Records the second reduction pass: per channel (one workgroup each), the
+/// partials summed in a fixed order and finished as `finish` says.
 fn finalize(
     ctx: &Arc<GpuContext>,
     partials: &Tensor,
@@ -553,7 +554,8 @@ fn finalize(
 ) -> Result<Tensor> {
     let pipeline = pipeline(ctx, "batchnorm_finalize", || FINALIZE_SHADER.into())?;
     let out = Tensor::uninit_gpu(ctx, Shape::new([layout.channels])?, DType::F32)?;
-    let (grid, row_stride) = flat_grid(layout.channels, CHANNEL_WORKGROUP, max_groups(ctx));
+    // One workgroup per channel: a "grid row" is `row_stride` workgroups.
+    let (grid, row_stride) = flat_grid(layout.channels, 1, max_groups(ctx));
     let params = [
         layout.channels as u32,
         layout.rows.div_ceil(CHUNK_ROWS) as u32,
