@@ -277,6 +277,19 @@ impl Tensor {
         }
     }
 
+    /// `Ok` when the tensor holds `dtype`, else a typed error naming `op`.
+    pub(crate) fn expect_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
+        if self.dtype == dtype {
+            Ok(())
+        } else {
+            Err(AetherError::InvalidShape {
+                op,
+                shape: self.dims().to_vec(),
+                reason: format!("expected {dtype:?}, got {:?}", self.dtype),
+            })
+        }
+    }
+
     fn wrong_dtype(&self, op: &'static str) -> AetherError {
         AetherError::InvalidShape {
             op,

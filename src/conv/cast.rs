@@ -27,15 +27,7 @@ pub fn clip_f16_range(x: f32) -> f32 {
 }
 
 fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
-    if t.dtype() == DType::F32 {
-        Ok(())
-    } else {
-        Err(AetherError::InvalidShape {
-            op,
-            shape: t.dims().to_vec(),
-            reason: format!("expected F32, got {:?}", t.dtype()),
-        })
-    }
+    t.expect_dtype(op, DType::F32)
 }
 
 /// `x` as f16, clipped to +-65504 first when `clip` is set.

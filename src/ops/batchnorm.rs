@@ -318,15 +318,7 @@ fn require_channel_vectors(op: &'static str, channels: usize, tensors: &[&Tensor
 }
 
 fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
-    if t.dtype() == DType::F32 {
-        Ok(())
-    } else {
-        Err(AetherError::InvalidShape {
-            op,
-            shape: t.dims().to_vec(),
-            reason: format!("expected F32, got {:?}", t.dtype()),
-        })
-    }
+    t.expect_dtype(op, DType::F32)
 }
 
 fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<()> {

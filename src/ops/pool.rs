@@ -273,19 +273,7 @@ fn beats(candidate: f32, best: f32) -> bool {
 }
 
 fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
-    require_dtype(op, t, DType::F32)
-}
-
-fn require_dtype(op: &'static str, t: &Tensor, dtype: DType) -> Result<()> {
-    if t.dtype() == dtype {
-        Ok(())
-    } else {
-        Err(AetherError::InvalidShape {
-            op,
-            shape: t.dims().to_vec(),
-            reason: format!("expected {dtype:?}, got {:?}", t.dtype()),
-        })
-    }
+    t.expect_dtype(op, DType::F32)
 }
 
 fn require_dims(op: &'static str, t: &Tensor, expected: &[usize]) -> Result<()> {
@@ -421,7 +409,7 @@ pub fn max_pool2d_backward(
 ) -> Result<Tensor> {
     const OP: &str = "max_pool2d_backward";
     require_f32(OP, dy)?;
-    require_dtype(OP, argmax, DType::U32)?;
+    argmax.expect_dtype(OP, DType::U32)?;
     let g = PoolGeometry::new(OP, input_dims, p)?;
     require_dims(OP, dy, &g.output_dims())?;
     require_dims(OP, argmax, &g.output_dims())?;

@@ -11,13 +11,7 @@ const WORKGROUP: u32 = 256;
 
 /// `max(x, 0)` elementwise; NaN passes through. `x` must be f32.
 pub fn relu(x: &Tensor) -> Result<Tensor> {
-    if x.dtype() != DType::F32 {
-        return Err(AetherError::InvalidShape {
-            op: "relu",
-            shape: x.dims().to_vec(),
-            reason: format!("expected F32, got {:?}", x.dtype()),
-        });
-    }
+    x.expect_dtype("relu", DType::F32)?;
     if let Some(data) = x.host_f32() {
         let out = data
             .par_iter()
