@@ -1,8 +1,10 @@
 //! A deterministic, procedurally generated image set: 10 classes of
 //! `H x W x 3` images (NHWC, values around [0, 1]) that a small CNN can learn
-//! but not trivially. Class k has its own stripe orientation and frequency and a
-//! colour tint; phase, contrast, brightness and noise vary per image, so no
-//! single pixel identifies the class. Made in code: nothing is downloaded.
+//! but not trivially. A class is the conjunction of a colour tint (shared by two
+//! classes) and a stripe orientation (shared by two classes), so neither colour
+//! nor orientation alone identifies it; per image the tint, orientation,
+//! stripe frequency, phase, contrast and brightness are jittered and strong
+//! pixel noise is added. Made in code: nothing is downloaded.
 
 /// `n` images and labels from `seed`; the same arguments give the same data.
 pub fn synthetic_images(n: usize, h: usize, w: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
@@ -18,23 +20,23 @@ pub fn synthetic_images(n: usize, h: usize, w: usize, seed: u64) -> (Vec<f32>, V
     let mut labels = Vec::with_capacity(n);
     for _ in 0..n {
         let class = (next() * 10.0) as u32 % 10;
-        let k = class as f32;
-        let angle = k * std::f32::consts::PI / 10.0;
-        let frequency = 0.25 + 0.08 * (class % 3) as f32;
+        let tint_id = (class / 2) as f32;
+        let angle = (class % 5) as f32 * std::f32::consts::PI / 5.0 + (next() - 0.5) * 0.4;
+        let frequency = 0.25 + 0.2 * next();
         let tint = [
-            0.5 + 0.4 * (k * 0.9).sin(),
-            0.5 + 0.4 * (k * 1.7 + 1.0).sin(),
-            0.5 + 0.4 * (k * 2.3 + 2.0).sin(),
+            0.5 + 0.3 * (tint_id * 1.3).sin() + (next() - 0.5) * 0.3,
+            0.5 + 0.3 * (tint_id * 2.1 + 1.0).sin() + (next() - 0.5) * 0.3,
+            0.5 + 0.3 * (tint_id * 2.9 + 2.0).sin() + (next() - 0.5) * 0.3,
         ];
         let phase = next() * std::f32::consts::TAU;
-        let contrast = 0.25 + 0.2 * next();
-        let brightness = next() * 0.3 - 0.15;
+        let contrast = 0.1 + 0.25 * next();
+        let brightness = next() * 0.4 - 0.2;
         let (dx, dy) = (angle.cos(), angle.sin());
         for y in 0..h {
             for x in 0..w {
                 let stripe = ((x as f32 * dx + y as f32 * dy) * frequency + phase).sin();
                 for tint_c in tint {
-                    let noise = (next() - 0.5) * 0.3;
+                    let noise = (next() - 0.5) * 0.8;
                     images.push(tint_c * 0.5 + contrast * stripe + brightness + noise);
                 }
             }
