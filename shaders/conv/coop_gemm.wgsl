@@ -2,9 +2,8 @@
 // contract as portable_gemm.wgsl (gemm_rows, gemm_cols, reduction_range, load_a,
 // load_b, store_c). `coop_matTxT` is replaced by the adapter's tile (8 or 16).
 //
-// A workgroup of 4 subgroups computes a BM x BN block; each subgroup owns 2 x 2
-// tiles of T x T. The subgroups stand SG_M x SG_N (2 x 2, or 4 x 1 for outputs at
-// most 2T wide; `SUBGROUPS_Nu` is filled in with SG_N). Per step the workgroup gathers a BM x BK slice of A and a
+// A workgroup of 4 subgroups (2 x 2) computes a BM x BN block; each subgroup owns
+// 2 x 2 tiles of T x T. Per step the workgroup gathers a BM x BK slice of A and a
 // BK x BN slice of B into workgroup memory as f16 (zeros outside the matrix), the
 // subgroups multiply-accumulate in f32, and the result goes back through
 // workgroup memory so edge tiles are written with predicated stores only: no
@@ -14,10 +13,8 @@ override SUBGROUP: u32;
 
 const T: u32 = TILE_SIZEu;
 const TILES: u32 = 2u;
-const SG_N: u32 = SUBGROUPS_Nu;
-const SG_M: u32 = 4u / SG_N;
-const BM: u32 = SG_M * TILES * T;
-const BN: u32 = SG_N * TILES * T;
+const BM: u32 = 2u * TILES * T;
+const BN: u32 = 2u * TILES * T;
 const BK: u32 = 2u * T;
 
 var<workgroup> stage_a: array<f16, BM * BK>; // row-major [BM][BK]
@@ -38,8 +35,8 @@ fn main(
     let cols = gemm_cols();
     let range = reduction_range(z);
     // This subgroup's 2T x 2T corner of the block.
-    let sub_row = (sg / SG_N) * TILES * T;
-    let sub_col = (sg % SG_N) * TILES * T;
+    let sub_row = (sg / 2u) * TILES * T;
+    let sub_col = (sg % 2u) * TILES * T;
     var acc00 = coop_matTxT<f32, C>();
     var acc01 = coop_matTxT<f32, C>();
     var acc10 = coop_matTxT<f32, C>();

@@ -23,9 +23,6 @@ pub struct PipelineKey {
     pub variant: &'static str,
     /// WGSL `override` constants baked into this pipeline.
     pub constants: Vec<(&'static str, u32)>,
-    /// Values the caller substituted into the source text (sizes WGSL needs as
-    /// `const`, e.g. workgroup array lengths); they only distinguish keys.
-    pub source_values: Vec<(&'static str, u32)>,
 }
 
 impl PipelineKey {
@@ -34,18 +31,11 @@ impl PipelineKey {
             kernel,
             variant,
             constants: Vec::new(),
-            source_values: Vec::new(),
         }
     }
 
     pub fn with(mut self, name: &'static str, value: u32) -> Self {
         self.constants.push((name, value));
-        self
-    }
-
-    /// Records a value substituted into the source text.
-    pub fn with_source_value(mut self, name: &'static str, value: u32) -> Self {
-        self.source_values.push((name, value));
         self
     }
 }
