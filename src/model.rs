@@ -277,6 +277,12 @@ impl Model {
         self.train_step(&xb, &yb)
     }
 
+    /// One optimizer step on a batch already on the model's device (for example
+    /// augmented there); returns the loss and the correct count unread.
+    pub fn train_tensors(&mut self, x: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.train_step(x, labels)
+    }
+
     /// One optimizer step on a batch; returns the (GPU-resident) loss and correct count.
     fn train_step(&mut self, x: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
         let mode = Mode::Train {

@@ -14,13 +14,14 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::augment::{random_crop_flip, splitmix64};
 use crate::conv::ConvVariant;
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::gpu::{DevicePreference, GpuOptions};
 use crate::model::{Loss, Metric};
+use crate::ops::augment::random_crop_flip;
 use crate::optim::Adam;
+use crate::tensor::Tensor;
 
 /// Height and width of a CIFAR-10 image.
 pub const IMAGE_SIDE: usize = 32;
@@ -305,7 +306,7 @@ options:
   --save PATH        write the trained model (safetensors) to PATH
   --plot PATH        write a PNG of loss and accuracy per epoch to PATH
   --augment          random crop with 4-pixel zero padding and horizontal flip; done on
-                     the HOST (CPU) per batch before upload, not on the GPU
+                     the model's device (the GPU when training there)
   -h, --help         show this text
 
 Images are scaled to [0, 1] without per-channel standardisation. The last line
@@ -509,7 +510,7 @@ pub fn run(args: &Cifar10Args) -> Result<RunSummary> {
         args.batch_size,
         args.epochs,
         if args.augment {
-            "on (random crop, pad 4, and flip, on the host)"
+            "on (random crop, pad 4, and flip, on the model's device)"
         } else {
             "off"
         }
@@ -632,8 +633,8 @@ fn synthetic(limit: Option<usize>) -> Cifar10 {
     }
 }
 
-/// The training loop of [`run`], on `Model::train_batch` so that each batch
-/// can be augmented on the host before upload.
+/// The training loop of [`run`], on `Model::train_tensors` so that each batch
+/// can be augmented on the model's device after upload.
 struct Trainer<'a> {
     model: crate::Model,
     args: &'a Cifar10Args,
@@ -664,18 +665,19 @@ impl Trainer<'_> {
             for &i in chunk {
                 batch.extend_from_slice(&x[i * IMAGE_VALUES..(i + 1) * IMAGE_VALUES]);
             }
+            let device = self.model.device().clone();
+            let mut xb = Tensor::from_f32(
+                vec![chunk.len(), IMAGE_SIDE, IMAGE_SIDE, 3],
+                std::mem::take(&mut batch),
+                &device,
+            )?;
             if self.args.augment {
-                random_crop_flip(
-                    &mut batch,
-                    IMAGE_SIDE,
-                    IMAGE_SIDE,
-                    3,
-                    AUGMENT_PAD,
-                    mix(epoch_seed, s as u64),
-                );
+                // On the model's device: the GPU when training there.
+                xb = random_crop_flip(&xb, AUGMENT_PAD, self.args.seed, self.step as u32)?;
             }
             let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
-            let (loss, correct) = self.model.train_batch(&batch, &labels)?;
+            let yb = Tensor::from_u32(vec![chunk.len()], labels, &device)?;
+            let (loss, correct) = self.model.train_tensors(&xb, &yb)?;
             self.step += 1;
             if (s + 1) % LOG_EVERY == 0 || s + 1 == steps {
                 let value = self.finite(loss.to_vec_f32()?[0], epoch)?;
@@ -744,4 +746,13 @@ fn progress_bar(epoch: usize, epochs: usize, steps: usize) -> indicatif::Progres
     }
     bar.set_prefix(format!("{}/{epochs}", epoch + 1));
     bar
+}
+
+/// SplitMix64: a fast, well-mixed stream from any seed (shuffling, seeds).
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }

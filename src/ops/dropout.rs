@@ -24,7 +24,10 @@ use super::activation::{check_operands, elementwise_grid, elementwise_pipeline, 
 use crate::error::{AetherError, Result};
 use crate::tensor::{DType, Tensor};
 
-const SHADER: &str = include_str!("../../shaders/ops/dropout.wgsl");
+const SHADER: &str = concat!(
+    include_str!("../../shaders/ops/philox.wgsl"),
+    include_str!("../../shaders/ops/dropout.wgsl")
+);
 
 /// The counter's third word for elementwise [`dropout`].
 pub const ELEMENT_STREAM: u32 = 0;

@@ -1,6 +1,7 @@
 //! Elementwise operations shared by the layers.
 
 pub mod activation;
+pub mod augment;
 pub mod batchnorm;
 pub mod dropout;
 pub mod loss;
