@@ -3,7 +3,7 @@
 use super::{Layer, LayerSpec, Mode, cached, hwc};
 use crate::conv::{ConvParams, ConvShapeMeta, Padding};
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{AetherError, Result};
 use crate::ops::pool::{
     PoolParams, avg_pool2d, avg_pool2d_backward, global_avg_pool, global_avg_pool_backward,
     max_pool2d, max_pool2d_backward,
@@ -25,13 +25,19 @@ fn pooled_shape(layer: &'static str, input: &[usize], p: &PoolParams) -> Result<
     Ok(vec![meta.h_out, meta.w_out, c])
 }
 
-fn input_dims(x: &Option<Tensor>, layer: &'static str) -> Result<[usize; 4]> {
-    cached(x, layer)?.shape().nhwc(layer)
+/// The NHWC input shape a training forward pass recorded (only the shape is
+/// kept, not the activation, so pooling holds no extra GPU memory).
+fn input_dims(dims: &Option<[usize; 4]>, layer: &'static str) -> Result<[usize; 4]> {
+    dims.ok_or_else(|| AetherError::InvalidShape {
+        op: layer,
+        shape: vec![],
+        reason: "backward called before a training forward pass".into(),
+    })
 }
 
 pub struct MaxPool2d {
     pub params: PoolParams,
-    cache: Option<Tensor>,
+    input_dims: Option<[usize; 4]>,
     argmax: Option<Tensor>,
 }
 
@@ -43,7 +49,7 @@ impl MaxPool2d {
                 stride,
                 padding,
             },
-            cache: None,
+            input_dims: None,
             argmax: None,
         }
     }
@@ -65,7 +71,7 @@ impl Layer for MaxPool2d {
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let (y, argmax) = max_pool2d(x, &self.params)?;
         if matches!(mode, Mode::Train { .. }) {
-            self.cache = Some(x.clone());
+            self.input_dims = Some(x.shape().nhwc("pooling input")?);
             self.argmax = Some(argmax);
         }
         Ok(y)
@@ -75,7 +81,7 @@ impl Layer for MaxPool2d {
         if !need_dx {
             return Ok(None);
         }
-        let dims = input_dims(&self.cache, "MaxPool2d::backward")?;
+        let dims = input_dims(&self.input_dims, "MaxPool2d::backward")?;
         let argmax = cached(&self.argmax, "MaxPool2d::backward")?;
         max_pool2d_backward(dy, argmax, dims, &self.params).map(Some)
     }
@@ -83,7 +89,7 @@ impl Layer for MaxPool2d {
 
 pub struct AvgPool2d {
     pub params: PoolParams,
-    cache: Option<Tensor>,
+    input_dims: Option<[usize; 4]>,
 }
 
 impl AvgPool2d {
@@ -94,7 +100,7 @@ impl AvgPool2d {
                 stride,
                 padding,
             },
-            cache: None,
+            input_dims: None,
         }
     }
 }
@@ -114,7 +120,7 @@ impl Layer for AvgPool2d {
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         if matches!(mode, Mode::Train { .. }) {
-            self.cache = Some(x.clone());
+            self.input_dims = Some(x.shape().nhwc("pooling input")?);
         }
         avg_pool2d(x, &self.params)
     }
@@ -123,7 +129,7 @@ impl Layer for AvgPool2d {
         if !need_dx {
             return Ok(None);
         }
-        let dims = input_dims(&self.cache, "AvgPool2d::backward")?;
+        let dims = input_dims(&self.input_dims, "AvgPool2d::backward")?;
         avg_pool2d_backward(dy, dims, &self.params).map(Some)
     }
 }
@@ -131,7 +137,7 @@ impl Layer for AvgPool2d {
 /// `[N, H, W, C] -> [N, C]`.
 #[derive(Default)]
 pub struct GlobalAvgPool {
-    cache: Option<Tensor>,
+    input_dims: Option<[usize; 4]>,
 }
 
 impl Layer for GlobalAvgPool {
@@ -146,7 +152,7 @@ impl Layer for GlobalAvgPool {
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         if matches!(mode, Mode::Train { .. }) {
-            self.cache = Some(x.clone());
+            self.input_dims = Some(x.shape().nhwc("pooling input")?);
         }
         global_avg_pool(x)
     }
@@ -155,7 +161,7 @@ impl Layer for GlobalAvgPool {
         if !need_dx {
             return Ok(None);
         }
-        let dims = input_dims(&self.cache, "GlobalAvgPool::backward")?;
+        let dims = input_dims(&self.input_dims, "GlobalAvgPool::backward")?;
         global_avg_pool_backward(dy, dims).map(Some)
     }
 }
