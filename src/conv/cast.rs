@@ -49,8 +49,7 @@ pub fn cast_f16(x: &Tensor, clip: bool) -> Result<Tensor> {
     let key = PipelineKey::new("cast_f16", "portable").with("CLIP", u32::from(clip));
     let pipeline = ctx
         .pipelines()
-        .get_or_create(&key, "main", || [F16_BITS, CAST].concat().into())
-        .ok_or_else(|| no_variant(ctx, "cast_f16"))?;
+        .require(&key, "main", || [F16_BITS, CAST].concat().into())?;
     let out = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F16)?;
     let (grid, row_stride) = word_grid(ctx, x.numel());
     let params = [x.numel() as u32, row_stride];
@@ -121,12 +120,4 @@ fn word_grid(ctx: &GpuContext, len: usize) -> ([u32; 3], u32) {
 
 fn gpu(t: &Tensor) -> &wgpu::Buffer {
     t.gpu_buffer().expect("operand checked to be on the GPU")
-}
-
-fn no_variant(ctx: &GpuContext, kernel: &'static str) -> AetherError {
-    AetherError::NoKernelVariant {
-        kernel,
-        adapter: ctx.caps().adapter_name.clone(),
-        reasons: "failed to compile".into(),
-    }
 }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use super::caps::GpuCapabilities;
 use crate::diagnostics::warn_once;
+use crate::error::{AetherError, Result};
 
 /// Identifies one compiled pipeline.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -126,6 +127,22 @@ impl PipelineCache {
             disk.save();
         }
         compiled
+    }
+
+    /// The pipeline of a kernel that has no other variant to fall back to: a
+    /// compile failure (already announced) becomes `AetherError::NoKernelVariant`.
+    pub fn require<'s>(
+        &self,
+        key: &PipelineKey,
+        entry_point: &str,
+        source: impl FnOnce() -> Cow<'s, str>,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        self.get_or_create(key, entry_point, source)
+            .ok_or_else(|| AetherError::NoKernelVariant {
+                kernel: key.kernel,
+                adapter: self.adapter_name.clone(),
+                reasons: format!("variant {} failed to compile", key.variant),
+            })
     }
 
     /// Number of pipelines compiled successfully so far.

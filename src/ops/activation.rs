@@ -140,13 +140,8 @@ pub(crate) fn elementwise_pipeline(
     source: &'static str,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     ctx.pipelines()
-        .get_or_create(&PipelineKey::new(kernel, "portable"), entry, || {
+        .require(&PipelineKey::new(kernel, "portable"), entry, || {
             source.into()
-        })
-        .ok_or_else(|| AetherError::NoKernelVariant {
-            kernel,
-            adapter: ctx.caps().adapter_name.clone(),
-            reasons: "failed to compile".into(),
         })
 }
 

@@ -58,18 +58,11 @@ pub fn random_crop_flip(x: &Tensor, pad: usize, seed: u64, step: u32) -> Result<
         return Tensor::from_f32(x.dims().to_vec(), out, &x.device());
     }
     let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
-    let pipeline = ctx
-        .pipelines()
-        .get_or_create(
-            &PipelineKey::new("augment_crop_flip", "portable"),
-            "main",
-            || SHADER.into(),
-        )
-        .ok_or_else(|| AetherError::NoKernelVariant {
-            kernel: "augment_crop_flip",
-            adapter: ctx.caps().adapter_name.clone(),
-            reasons: "failed to compile".into(),
-        })?;
+    let pipeline = ctx.pipelines().require(
+        &PipelineKey::new("augment_crop_flip", "portable"),
+        "main",
+        || SHADER.into(),
+    )?;
     let out = Tensor::uninit_gpu(ctx, Shape::new(x.dims().to_vec())?, DType::F32)?;
     let (grid, row_stride) = flat_grid(
         x.numel(),

@@ -483,12 +483,7 @@ fn pipeline(
     source: impl FnOnce() -> std::borrow::Cow<'static, str>,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     ctx.pipelines()
-        .get_or_create(&PipelineKey::new(kernel, "portable"), "main", source)
-        .ok_or_else(|| AetherError::NoKernelVariant {
-            kernel,
-            adapter: ctx.caps().adapter_name.clone(),
-            reasons: "failed to compile".into(),
-        })
+        .require(&PipelineKey::new(kernel, "portable"), "main", source)
 }
 
 /// Records a partial-sum kernel (`source` after the reduce prelude): one workgroup

@@ -303,13 +303,8 @@ fn pipeline(
     source: &'static str,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     ctx.pipelines()
-        .get_or_create(&PipelineKey::new(kernel, "portable"), "main", || {
+        .require(&PipelineKey::new(kernel, "portable"), "main", || {
             source.into()
-        })
-        .ok_or_else(|| AetherError::NoKernelVariant {
-            kernel,
-            adapter: ctx.caps().adapter_name.clone(),
-            reasons: "failed to compile".into(),
         })
 }
 

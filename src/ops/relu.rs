@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::error::{AetherError, Result};
+use crate::error::Result;
 use crate::gpu::{PipelineKey, flat_grid};
 use crate::tensor::{DType, Tensor};
 
@@ -20,16 +20,11 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
         return Tensor::from_f32(x.dims().to_vec(), out, &x.device());
     }
     let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
-    let pipeline = ctx
-        .pipelines()
-        .get_or_create(&PipelineKey::new("relu", "portable"), "main", || {
-            SHADER.into()
-        })
-        .ok_or_else(|| AetherError::NoKernelVariant {
-            kernel: "relu",
-            adapter: ctx.caps().adapter_name.clone(),
-            reasons: "failed to compile".into(),
-        })?;
+    let pipeline =
+        ctx.pipelines()
+            .require(&PipelineKey::new("relu", "portable"), "main", || {
+                SHADER.into()
+            })?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let len = x.numel();
     let (grid, row_stride) = flat_grid(
