@@ -16,8 +16,14 @@ use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, PipelineKey, flat_grid};
 use crate::tensor::{DType, Shape, Tensor};
 
-const ADAM: &str = include_str!("../shaders/optim/adam.wgsl");
-const REGULARIZATION: &str = include_str!("../shaders/optim/regularization.wgsl");
+const ADAM: &str = concat!(
+    include_str!("../shaders/optim/segments.wgsl"),
+    include_str!("../shaders/optim/adam.wgsl")
+);
+const REGULARIZATION: &str = concat!(
+    include_str!("../shaders/optim/segments.wgsl"),
+    include_str!("../shaders/optim/regularization.wgsl")
+);
 const SUM_IN_ORDER: &str = include_str!("../shaders/optim/sum_in_order.wgsl");
 const WORKGROUP: u32 = 256;
 

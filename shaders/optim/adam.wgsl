@@ -6,14 +6,6 @@
 //   p -= decay_lr * p                         (AdamW: lr * weight_decay; Adam: 0)
 //   p -= lr_t * m / (sqrt(v) + eps)           (lr_t carries the bias correction)
 
-struct Segment {
-    start: u32,
-    end: u32,
-    l1: f32,
-    l2: f32,
-    decays: u32,
-}
-
 @group(0) @binding(0) var<storage, read> grads: array<f32>;
 @group(0) @binding(1) var<storage, read_write> params: array<f32>;
 @group(0) @binding(2) var<storage, read_write> m: array<f32>;
@@ -32,27 +24,13 @@ struct Params {
 }
 @group(0) @binding(5) var<uniform> step: Params;
 
-fn segment_of(i: u32) -> Segment {
-    var lo = 0u;
-    var hi = step.segment_count;
-    while (hi - lo > 1u) {
-        let mid = (lo + hi) / 2u;
-        if (segments[mid].start <= i) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    return segments[lo];
-}
-
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x + gid.y * step.row_stride;
     if (i >= step.len) {
         return;
     }
-    let seg = segment_of(i);
+    let seg = segment_of(i, step.segment_count);
     var p = params[i];
     let g = grads[i] + seg.l1 * sign(p) + 2.0 * seg.l2 * p;
     let m_new = step.beta1 * m[i] + (1.0 - step.beta1) * g;

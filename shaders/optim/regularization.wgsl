@@ -3,14 +3,6 @@
 // partial; sum_in_order.wgsl then adds the partials in index order, so the loss
 // is deterministic.
 
-struct Segment {
-    start: u32,
-    end: u32,
-    l1: f32,
-    l2: f32,
-    decays: u32,
-}
-
 @group(0) @binding(0) var<storage, read> params: array<f32>;
 @group(0) @binding(1) var<storage, read> segments: array<Segment>;
 @group(0) @binding(2) var<storage, read_write> partials: array<f32>;
@@ -24,18 +16,9 @@ struct Params {
 var<workgroup> scratch: array<f32, 256>;
 
 fn penalty(i: u32) -> f32 {
-    var lo = 0u;
-    var hi = sizes.segment_count;
-    while (hi - lo > 1u) {
-        let mid = (lo + hi) / 2u;
-        if (segments[mid].start <= i) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
+    let seg = segment_of(i, sizes.segment_count);
     let p = params[i];
-    return segments[lo].l1 * abs(p) + segments[lo].l2 * p * p;
+    return seg.l1 * abs(p) + seg.l2 * p * p;
 }
 
 @compute @workgroup_size(256)
