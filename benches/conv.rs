@@ -1,73 +1,203 @@
-//! Wall-clock time of the three conv directions on CIFAR conv2's shape
-//! (32x32x32 -> 32, 3x3 same), batch 32, on the CPU path and on the best GPU.
-//! GPU iterations include submission and the read back of one result, so they
-//! measure what a caller waits for; per-kernel GPU times are in the
-//! `conv_breakdown` example.
+//! The conv kernels at the five conv shapes of the v1 CIFAR-10 model and one
+//! large shape (56x56x64 -> 64, 3x3 same), every variant the adapter offers
+//! plus the CPU reference, batch 256 by default.
 //!
-//!     cargo bench --bench conv
+//!     cargo bench --bench conv                       # everything
+//!     cargo bench --bench conv -- coop16/conv2       # criterion's filter
+//!     AETHER_BENCH_BATCH=8 cargo bench --bench conv  # small batch (lavapipe, CPU)
+//!
+//! GPU iterations are timed with timestamp queries around each dispatch (the
+//! kernels' own GPU time, operands already in the variant's type, as a layer
+//! holds them), so they compare with cuDNN's per-call times in BENCHMARKS.md.
+//! Throughput is given in elements/s where **one element is one floating-point
+//! operation** of the GEMM (2 per multiply-add): `Gelem/s` reads as GFLOP/s.
+//! The cast bench's throughput is in bytes read and written.
+
+use std::time::{Duration, Instant};
 
 use aether::conv::{
-    ConvParams, ConvPlans, ConvShapeMeta, Padding, conv2d_dinput, conv2d_dweight, conv2d_forward,
+    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
+    conv2d_dinput, conv2d_dweight, conv2d_forward,
 };
-use aether::{Device, Tensor};
-use criterion::{Criterion, criterion_group, criterion_main};
+use aether::{Device, Result, Tensor};
+use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 
-fn data(len: usize) -> Vec<f32> {
+/// (name, H, W, C_in, C_out) of the 3x3 'same' convs benched.
+const SHAPES: [(&str, usize, usize, usize, usize); 6] = [
+    ("conv1", 32, 32, 3, 32),
+    ("conv2", 32, 32, 32, 32),
+    ("conv3", 16, 16, 32, 64),
+    ("conv4", 16, 16, 64, 64),
+    ("conv5", 8, 8, 64, 128),
+    ("large", 56, 56, 64, 64),
+];
+/// Dispatches per timed region (two timestamps each; query sets hold 4096).
+const TIMED_CHUNK: u64 = 256;
+
+fn batch_size() -> usize {
+    std::env::var("AETHER_BENCH_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(256)
+}
+
+fn data(len: usize, seed: usize) -> Vec<f32> {
     (0..len)
-        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .map(|i| (((i + seed) * 7919 % 1000) as f32 / 500.0) - 1.0)
         .collect()
 }
 
-fn bench_device(c: &mut Criterion, name: &str, device: &Device) {
-    let params = ConvParams::new(32, 3, Padding::Same);
-    let meta = ConvShapeMeta::new([32, 32, 32, 32], &params).unwrap();
-    let x = Tensor::from_f32(
-        meta.input_dims().to_vec(),
-        data(meta.n * 32 * 32 * 32),
-        device,
-    )
-    .unwrap();
-    let w = Tensor::from_f32(meta.weight_dims().to_vec(), data(meta.k * 32), device).unwrap();
-    let b = Tensor::from_f32(vec![32], data(32), device).unwrap();
-    let dy = Tensor::from_f32(meta.output_dims().to_vec(), data(meta.m * 32), device).unwrap();
-    let plans = ConvPlans::new();
-    let mut group = c.benchmark_group(format!("conv2_b32/{name}"));
-    group.sample_size(10);
-    group.bench_function("forward", |bench| {
-        bench.iter(|| {
-            conv2d_forward(&x, &w, &b, &params, &plans)
-                .unwrap()
-                .to_vec_f32()
-                .unwrap()
-        })
-    });
-    group.bench_function("dweight", |bench| {
-        bench.iter(|| {
-            conv2d_dweight(&x, &dy, &params, &plans)
-                .unwrap()
-                .0
-                .to_vec_f32()
-                .unwrap()
-        })
-    });
-    group.bench_function("dinput", |bench| {
-        bench.iter(|| {
-            conv2d_dinput(&dy, &w, meta.input_dims(), &params, &plans)
-                .unwrap()
-                .to_vec_f32()
-                .unwrap()
-        })
-    });
-    group.finish();
+/// The operands of one shape on `device`, in `variant`'s operand type.
+struct Operands {
+    params: ConvParams,
+    meta: ConvShapeMeta,
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor,
+    dy: Tensor,
 }
 
-fn conv(c: &mut Criterion) {
-    bench_device(c, "cpu", &Device::Cpu);
-    match Device::gpu() {
-        Ok(gpu) => bench_device(c, "gpu", &gpu),
-        Err(e) => eprintln!("[aether] GPU benchmarks skipped: {e}"),
+impl Operands {
+    fn new(device: &Device, n: usize, (h, w, c_in, c_out): (usize, usize, usize, usize)) -> Self {
+        let params = ConvParams::new(c_out, 3, Padding::Same);
+        let meta = ConvShapeMeta::new([n, h, w, c_in], &params).unwrap();
+        let t = |dims: [usize; 4], seed| {
+            Tensor::from_f32(dims.to_vec(), data(dims.iter().product(), seed), device).unwrap()
+        };
+        Self {
+            params,
+            x: t(meta.input_dims(), 1),
+            w: t(meta.weight_dims(), 2),
+            bias: Tensor::from_f32(vec![c_out], data(c_out, 3), device).unwrap(),
+            dy: t(meta.output_dims(), 4),
+            meta,
+        }
+    }
+
+    /// The operands in `variant`'s type: f16 copies for the f16 variants,
+    /// the f32 tensors themselves for `portable_f32` and the CPU path.
+    fn for_variant(&self, variant: Option<ConvVariant>) -> Self {
+        let (x, w, dy) = if variant.is_some_and(ConvVariant::f16_operands) {
+            let (dy, x) = conv_backward_cast_fp16(&self.dy, &self.x).unwrap();
+            (x, cast_f16(&self.w, false).unwrap(), dy)
+        } else {
+            (self.x.clone(), self.w.clone(), self.dy.clone())
+        };
+        Self {
+            x,
+            w,
+            dy,
+            bias: self.bias.clone(),
+            ..*self
+        }
+    }
+
+    fn gemm_flops(&self, reduction: usize) -> u64 {
+        2 * (self.meta.m * reduction * self.meta.c_out) as u64
     }
 }
 
-criterion_group!(benches, conv);
-criterion_main!(benches);
+/// Time of `iters` runs of `work`: summed GPU timestamps on a GPU, wall time on the CPU.
+fn measure(device: &Device, iters: u64, work: &dyn Fn() -> Result<()>) -> Duration {
+    let Some(ctx) = device.gpu_context() else {
+        let start = Instant::now();
+        for _ in 0..iters {
+            work().unwrap();
+        }
+        return start.elapsed();
+    };
+    let mut nanos = 0.0;
+    let mut left = iters;
+    while left > 0 {
+        let chunk = left.min(TIMED_CHUNK);
+        let (_, times) = ctx
+            .timed(4 * chunk as u32, || (0..chunk).try_for_each(|_| work()))
+            .unwrap();
+        nanos += times.iter().map(|t| t.nanos).sum::<f64>();
+        left -= chunk;
+    }
+    Duration::from_nanos(nanos as u64)
+}
+
+fn bench(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    device: &Device,
+    name: &str,
+    throughput: Throughput,
+    work: &dyn Fn() -> Result<()>,
+) {
+    group.throughput(throughput);
+    group.bench_function(name, |b| {
+        b.iter_custom(|iters| measure(device, iters, work))
+    });
+}
+
+fn bench_variant(c: &mut Criterion, device: &Device, variant: Option<ConvVariant>) {
+    let label = variant.map_or("cpu", ConvVariant::name);
+    let plans = variant.map_or_else(ConvPlans::new, ConvPlans::forcing);
+    let n = batch_size();
+    for (shape_name, h, w, c_in, c_out) in SHAPES {
+        if variant.is_none() && shape_name == "large" {
+            continue; // minutes per iteration on a laptop-class CPU
+        }
+        let f32_ops = Operands::new(device, n, (h, w, c_in, c_out));
+        let ops = f32_ops.for_variant(variant);
+        let mut group = c.benchmark_group(format!("{label}/{shape_name}_b{n}"));
+        group
+            .sample_size(10)
+            .sampling_mode(SamplingMode::Flat)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2));
+        let (p, m) = (&ops.params, &ops.meta);
+        bench(
+            &mut group,
+            device,
+            "forward",
+            Throughput::Elements(ops.gemm_flops(m.k)),
+            &|| conv2d_forward(&ops.x, &ops.w, &ops.bias, p, &plans).map(drop),
+        );
+        bench(
+            &mut group,
+            device,
+            "dweight",
+            Throughput::Elements(ops.gemm_flops(m.k + 1)),
+            &|| conv2d_dweight(&ops.x, &ops.dy, p, &plans).map(drop),
+        );
+        bench(
+            &mut group,
+            device,
+            "dinput",
+            Throughput::Elements(ops.gemm_flops(m.k)),
+            &|| conv2d_dinput(&ops.dy, &ops.w, m.input_dims(), p, &plans).map(drop),
+        );
+        if variant.is_some_and(ConvVariant::f16_operands) {
+            // f32 dy and x read, f16 copies of both written.
+            let bytes = 6 * (m.m * m.c_out + m.n * m.h * m.w * m.c_in) as u64;
+            bench(
+                &mut group,
+                device,
+                "backward_cast",
+                Throughput::Bytes(bytes),
+                &|| conv_backward_cast_fp16(&f32_ops.dy, &f32_ops.x).map(drop),
+            );
+        }
+        group.finish();
+    }
+}
+
+fn conv(c: &mut Criterion) {
+    match Device::gpu() {
+        Ok(gpu) => {
+            let caps = gpu.gpu_context().expect("gpu").caps();
+            eprintln!("[aether-bench] {}", caps.describe());
+            for variant in ConvVariant::candidates(caps) {
+                bench_variant(c, &gpu, Some(variant));
+            }
+        }
+        Err(e) => eprintln!("[aether-bench] GPU benchmarks skipped: {e}"),
+    }
+    bench_variant(c, &Device::Cpu, None);
+}
+
+criterion::criterion_group!(benches, conv);
+criterion::criterion_main!(benches);

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::conv::{ConvDirection, ConvLaunchPlan, ConvShapeMeta};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::nn::{Layer, LayerSpec, Mode};
@@ -289,16 +290,23 @@ impl Model {
             seed: self.seed,
             step: self.step as u32,
         };
-        let out = self.forward(x, mode)?;
+        let mut out = x.clone();
+        for i in 0..self.layers.len() {
+            self.timing_scope(|| format!("{i} {} forward", self.layers[i].spec().kind()));
+            out = self.layers[i].forward(&out, mode)?;
+        }
+        self.timing_scope(|| "loss".into());
         let (loss, dout) = self.loss_and_grad(&out, labels)?;
         let correct = correct_count(&out, labels)?;
         let mut grad = dout;
         for i in (0..self.layers.len()).rev() {
+            self.timing_scope(|| format!("{i} {} backward", self.layers[i].spec().kind()));
             match self.layers[i].backward(&grad, i > 0)? {
                 Some(dx) => grad = dx,
                 None => break,
             }
         }
+        self.timing_scope(|| "optimizer".into());
         let optimizer = self
             .optimizer
             .as_mut()
@@ -326,6 +334,29 @@ impl Model {
         }
         self.step += 1;
         Ok((loss, correct))
+    }
+
+    /// Names the kernels recorded next in a [`crate::gpu::GpuContext::timed`]
+    /// profile; free when no profile is running.
+    fn timing_scope(&self, name: impl FnOnce() -> String) {
+        if let Some(ctx) = self.device.gpu_context() {
+            ctx.timing_scope(name);
+        }
+    }
+
+    /// For every layer on the conv kernels: its index and the launch plans
+    /// (direction, shape, variant) it has used so far.
+    pub fn conv_plans(&self) -> Vec<(usize, Vec<(ConvDirection, ConvShapeMeta, ConvLaunchPlan)>)> {
+        self.layers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| l.conv_plans().map(|p| (i, p.summary())))
+            .collect()
+    }
+
+    /// The architecture of layer `index`, if there is one.
+    pub fn layer_spec(&self, index: usize) -> Option<LayerSpec> {
+        self.layers.get(index).map(|l| l.spec())
     }
 
     /// Trains on flat host data `x` (samples of the input shape) with class labels `y`.

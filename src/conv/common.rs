@@ -420,10 +420,11 @@ impl ConvPlans {
         Ok(made)
     }
 
-    /// The plans made so far, for logs ("which kernel variants are in use").
-    pub fn summary(&self) -> Vec<(ConvDirection, ConvShapeKey, ConvLaunchPlan)> {
+    /// The plans made so far with the shapes (batch included) they were made
+    /// for, for logs and profiles ("which kernel variants are in use").
+    pub fn summary(&self) -> Vec<(ConvDirection, ConvShapeMeta, ConvLaunchPlan)> {
         let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        plans.iter().map(|((d, m), p)| (*d, m.key(), *p)).collect()
+        plans.iter().map(|((d, m), p)| (*d, *m, *p)).collect()
     }
 }
 

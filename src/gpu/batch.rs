@@ -7,6 +7,8 @@
 //! @binding(0..n)` in the order given, then the optional uniform parameter block
 //! at `@binding(n)`.
 
+use std::sync::Arc;
+
 use super::context::GpuContext;
 use super::pool::PooledBuffer;
 use crate::error::{AetherError, Result};
@@ -15,6 +17,9 @@ use crate::error::{AetherError, Result};
 #[derive(Clone, Debug)]
 pub struct KernelTime {
     pub label: &'static str,
+    /// The [`GpuContext::timing_scope`] the dispatch was recorded in, if any
+    /// (for example `"3 BatchNorm forward"`), so a profile can group by layer.
+    pub scope: Option<Arc<str>>,
     pub nanos: f64,
 }
 
@@ -22,7 +27,8 @@ pub struct KernelTime {
 struct Timer {
     queries: wgpu::QuerySet,
     capacity: u32,
-    labels: Vec<&'static str>,
+    labels: Vec<(&'static str, Option<Arc<str>>)>,
+    scope: Option<Arc<str>>,
 }
 
 /// Work recorded but not yet submitted.
@@ -101,7 +107,7 @@ impl GpuContext {
         let timestamp_writes = match timer {
             Some(t) if (t.labels.len() as u32) < t.capacity => {
                 let index = t.labels.len() as u32;
-                t.labels.push(label);
+                t.labels.push((label, t.scope.clone()));
                 Some(wgpu::ComputePassTimestampWrites {
                     query_set: &t.queries,
                     beginning_of_pass_write_index: Some(2 * index),
@@ -167,6 +173,15 @@ impl GpuContext {
         self.batch().dispatches
     }
 
+    /// Names the dispatches recorded from now on inside a [`GpuContext::timed`]
+    /// region; outside one it does nothing and `name` is never called, so hot
+    /// paths can mark their phases for free.
+    pub fn timing_scope(&self, name: impl FnOnce() -> String) {
+        if let Some(timer) = self.batch().timer.as_mut() {
+            timer.scope = Some(name().into());
+        }
+    }
+
     /// Runs `work`, timing each dispatch it records (up to `capacity`) with
     /// timestamp queries. An error when the adapter has no timestamps.
     pub fn timed<T>(
@@ -193,6 +208,7 @@ impl GpuContext {
             queries,
             capacity,
             labels: Vec::new(),
+            scope: None,
         });
         let result = work();
         let timer = self.batch().timer.take().expect("timer set above");
@@ -219,8 +235,9 @@ impl GpuContext {
             .labels
             .iter()
             .enumerate()
-            .map(|(i, &label)| KernelTime {
+            .map(|(i, (label, scope))| KernelTime {
                 label,
+                scope: scope.clone(),
                 nanos: ticks[2 * i + 1].saturating_sub(ticks[2 * i]) as f64 * period,
             })
             .collect();

@@ -2,7 +2,7 @@
 //! nothing new once the first step has run.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Buffers are sized in multiples of this, so nearly equal requests share buffers.
@@ -16,6 +16,15 @@ pub struct BufferPool {
     free: Arc<Mutex<HashMap<PoolKey, Vec<wgpu::Buffer>>>>,
     created: AtomicUsize,
     reused: AtomicUsize,
+    bytes: Arc<ByteCounters>,
+}
+
+/// Bytes held by the pool's buffers: all created, and on loan now / at most.
+#[derive(Default)]
+struct ByteCounters {
+    created: AtomicU64,
+    live: AtomicU64,
+    peak_live: AtomicU64,
 }
 
 /// Counts of pool activity since the context was created.
@@ -25,6 +34,12 @@ pub struct PoolStats {
     pub created: usize,
     /// Requests served by a previously released buffer.
     pub reused: usize,
+    /// Bytes of every buffer the pool created: its device memory footprint.
+    pub created_bytes: u64,
+    /// Bytes on loan right now (tensors, staging and parameter buffers alive).
+    pub live_bytes: u64,
+    /// The most bytes on loan at once since creation or [`BufferPool::reset_peak`].
+    pub peak_live_bytes: u64,
 }
 
 impl BufferPool {
@@ -50,6 +65,7 @@ impl BufferPool {
             }
             None => {
                 self.created.fetch_add(1, Ordering::Relaxed);
+                self.bytes.created.fetch_add(size, Ordering::Relaxed);
                 device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("aether pooled"),
                     size,
@@ -58,10 +74,13 @@ impl BufferPool {
                 })
             }
         };
+        let live = self.bytes.live.fetch_add(size, Ordering::Relaxed) + size;
+        self.bytes.peak_live.fetch_max(live, Ordering::Relaxed);
         PooledBuffer {
             buffer: Some(buffer),
             key,
             home: Arc::clone(&self.free),
+            bytes: Arc::clone(&self.bytes),
         }
     }
 
@@ -69,7 +88,16 @@ impl BufferPool {
         PoolStats {
             created: self.created.load(Ordering::Relaxed),
             reused: self.reused.load(Ordering::Relaxed),
+            created_bytes: self.bytes.created.load(Ordering::Relaxed),
+            live_bytes: self.bytes.live.load(Ordering::Relaxed),
+            peak_live_bytes: self.bytes.peak_live.load(Ordering::Relaxed),
         }
+    }
+
+    /// Starts a new peak measurement from the bytes on loan now.
+    pub fn reset_peak(&self) {
+        let live = self.bytes.live.load(Ordering::Relaxed);
+        self.bytes.peak_live.store(live, Ordering::Relaxed);
     }
 }
 
@@ -78,6 +106,7 @@ pub struct PooledBuffer {
     buffer: Option<wgpu::Buffer>,
     key: PoolKey,
     home: Arc<Mutex<HashMap<PoolKey, Vec<wgpu::Buffer>>>>,
+    bytes: Arc<ByteCounters>,
 }
 
 impl PooledBuffer {
@@ -94,6 +123,7 @@ impl PooledBuffer {
 impl Drop for PooledBuffer {
     fn drop(&mut self) {
         if let Some(buffer) = self.buffer.take() {
+            self.bytes.live.fetch_sub(self.key.0, Ordering::Relaxed);
             let mut free = self.home.lock().unwrap_or_else(|e| e.into_inner());
             free.entry(self.key).or_default().push(buffer);
         }

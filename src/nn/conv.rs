@@ -235,6 +235,10 @@ impl Layer for Conv2d {
             w.kernel_f16 = None;
         }
     }
+
+    fn conv_plans(&self) -> Option<&ConvPlans> {
+        Some(&self.plans)
+    }
 }
 
 /// A fully connected layer `[N, in] -> [N, units]`, run as a 1x1 convolution.
@@ -320,6 +324,10 @@ impl Layer for Dense {
 
     fn set_state(&mut self, name: &str, tensor: Tensor) -> Result<()> {
         self.conv.set_state(name, tensor)
+    }
+
+    fn conv_plans(&self) -> Option<&ConvPlans> {
+        self.conv.conv_plans()
     }
 
     fn params_updated(&mut self) {

@@ -18,7 +18,7 @@ pub use reshape::Flatten;
 
 use serde::{Deserialize, Serialize};
 
-use crate::conv::Padding;
+use crate::conv::{ConvPlans, Padding};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::tensor::Tensor;
@@ -94,6 +94,24 @@ pub enum LayerSpec {
 }
 
 impl LayerSpec {
+    /// The layer type's name, as in the saved architecture.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Conv2d { .. } => "Conv2d",
+            Self::Dense { .. } => "Dense",
+            Self::Flatten => "Flatten",
+            Self::BatchNorm { .. } => "BatchNorm",
+            Self::MaxPool2d { .. } => "MaxPool2d",
+            Self::AvgPool2d { .. } => "AvgPool2d",
+            Self::GlobalAvgPool => "GlobalAvgPool",
+            Self::Dropout { .. } => "Dropout",
+            Self::SpatialDropout { .. } => "SpatialDropout",
+            Self::ReLU => "ReLU",
+            Self::LeakyReLU { .. } => "LeakyReLU",
+            Self::Softmax => "Softmax",
+        }
+    }
+
     /// A fresh, unbuilt layer with this architecture.
     pub fn instantiate(&self) -> Box<dyn Layer> {
         match *self {
@@ -182,6 +200,12 @@ pub trait Layer: Send {
 
     /// Called after the optimizer replaced the parameters (refreshes f16 shadows).
     fn params_updated(&mut self) {}
+
+    /// The conv launch plans of a layer that runs on the conv kernels, so a
+    /// profile can say which variant each direction used.
+    fn conv_plans(&self) -> Option<&ConvPlans> {
+        None
+    }
 }
 
 /// The tensor a backward pass needs from its forward pass, or a clear error.

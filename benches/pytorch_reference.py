@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""PyTorch + cuDNN side of BENCHMARKS.md: the Aether-ML v1 CIFAR-10 model and
+its five conv shapes (plus the large 56x56x64->64 bench shape), timed the way
+`cargo run --release --example cifar10_breakdown` times aether, printing the
+same table layout so one device run puts both side by side.
+
+    python3 benches/pytorch_reference.py [--batch-size 256] [--repeats 30] [--json PATH]
+
+- ms/step: median over --repeats steps, each synchronised on its own, of
+  host->device batch copy + forward + loss + backward + AdamW, for fp32 eager,
+  AMP fp16 channels_last eager, and the AMP step captured in one CUDA graph.
+- Per conv: cuDNN fp16 channels_last forward and backward (dgrad except for the
+  first layer, which aether skips too, + wgrad + bias grad), CUDA-event time of
+  20 back-to-back calls / 20, median of --repeats.
+"""
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from torch import nn
+
+LAYERS = [  # (H, W, C_in, C_out) of the five 3x3 'same' convs
+    (32, 32, 3, 32),
+    (32, 32, 32, 32),
+    (16, 16, 32, 64),
+    (16, 16, 64, 64),
+    (8, 8, 64, 128),
+]
+LARGE = (56, 56, 64, 64)
+
+
+def v1_model():
+    layers, c_in = [], 3
+    for filters, dropout in [((32, 32), 0.1), ((64, 64), 0.15), ((128,), 0.2)]:
+        for f in filters:
+            # Keras momentum 0.9 == PyTorch momentum 0.1; eps 1e-5 as in aether.
+            layers += [nn.Conv2d(c_in, f, 3, padding=1), nn.BatchNorm2d(f, eps=1e-5, momentum=0.1), nn.ReLU()]
+            c_in = f
+        layers += [nn.MaxPool2d(2), nn.Dropout2d(dropout)]
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)]
+    return nn.Sequential(*layers)
+
+
+def batch(n):
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(n, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return x, y
+
+
+def timed_steps(step, repeats, warmup=5):
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def model_step_times(n, repeats):
+    x_host, y_host = batch(n)
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=0.05)
+    results = {}
+
+    def eager(amp):
+        model = v1_model().cuda()
+        fmt = torch.channels_last if amp else torch.contiguous_format
+        model = model.to(memory_format=fmt)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+        scaler = torch.amp.GradScaler(enabled=amp)
+
+        def step():
+            x = x_host.cuda().to(memory_format=fmt)
+            y = y_host.cuda()
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.float16, enabled=amp):
+                loss = loss_fn(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+        return timed_steps(step, repeats)
+
+    results["fp32 eager"] = eager(False)
+    results["AMP fp16 channels_last eager"] = eager(True)
+
+    # The whole AMP step in one CUDA graph (PyTorch's documented whole-network
+    # capture); the batch copy into the static input stays outside the graph.
+    model = v1_model().cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, capturable=True)
+    static_x = torch.empty(n, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
+    static_y = torch.empty(n, dtype=torch.long, device="cuda")
+    static_x.copy_(x_host)
+    static_y.copy_(y_host)
+
+    def amp_step():
+        opt.zero_grad(set_to_none=False)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = loss_fn(model(static_x), static_y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            amp_step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        amp_step()
+
+    def replay():
+        static_x.copy_(x_host.cuda(non_blocking=True))
+        static_y.copy_(y_host.cuda(non_blocking=True))
+        graph.replay()
+
+    results["AMP fp16 channels_last CUDA graph"] = timed_steps(replay, repeats)
+    return results
+
+
+def conv_times(n, shape, first, repeats, calls=20):
+    h, w, c_in, c_out = shape
+    conv = nn.Conv2d(c_in, c_out, 3, padding=1).cuda().half().to(memory_format=torch.channels_last)
+    x = torch.randn(n, c_in, h, w, device="cuda").half().to(memory_format=torch.channels_last)
+    x.requires_grad_(not first)
+    y = conv(x)
+    dy = torch.randn_like(y)
+    wrt = [conv.weight, conv.bias] + ([] if first else [x])
+
+    def event_ms(fn):
+        for _ in range(3):
+            fn()
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / calls)
+        return statistics.median(samples)
+
+    with torch.no_grad():
+        fwd = event_ms(lambda: conv(x))
+    bwd = event_ms(lambda: torch.autograd.grad(y, wrt, dy, retain_graph=True))
+    m, k = n * h * w, 9 * c_in
+    fwd_flops = 2 * m * k * c_out
+    bwd_flops = 2 * m * (k + 1) * c_out + (0 if first else 2 * m * k * c_out)
+    return {
+        "shape": f"Conv2d {h}x{w}x{c_in}->{c_out}",
+        "forward_ms": fwd,
+        "backward_ms": bwd,
+        "forward_tflops": fwd_flops / (fwd * 1e-3) / 1e12,
+        "backward_tflops": bwd_flops / (bwd * 1e-3) / 1e12,
+        "variant": "cudnn fp16 NHWC",
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.backends.cudnn.benchmark = True
+    n = args.batch_size
+    print(f"{torch.cuda.get_device_name()} torch {torch.__version__} cuDNN {torch.backends.cudnn.version()}")
+    steps = model_step_times(n, args.repeats)
+    for name, ms in steps.items():
+        print(f"v1 CIFAR-10 model, batch {n}, 32x32x3, {name}: {ms:.3f} ms/step "
+              f"(median of {args.repeats} synchronised steps), {n / ms * 1e3:.0f} images/s")
+    convs = [dict(layer=i, **conv_times(n, s, i == 0, args.repeats)) for i, s in enumerate(LAYERS)]
+    large = conv_times(n, LARGE, False, args.repeats)
+    print(f"{'layer':<5} {'conv':<26} {'fwd ms':>10} {'bwd ms':>10} {'fwd TF/s':>9} {'bwd TF/s':>9}  variant")
+    for c in convs + [dict(layer="large", **large)]:
+        print(f"{c['layer']:<5} {c['shape']:<26} {c['forward_ms']:>10.4f} {c['backward_ms']:>10.4f} "
+              f"{c['forward_tflops']:>9.2f} {c['backward_tflops']:>9.2f}  {c['variant']}")
+    total = sum(c["forward_ms"] + c["backward_ms"] for c in convs)
+    print(f"{'all convs':<32} {total:>10.4f} ms (fwd+bwd)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "batch": n, "repeats": args.repeats,
+                       "ms_per_step": steps, "convs": convs, "large": large}, f, indent=2)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+//! Where one training step of the Aether-ML v1 CIFAR-10 model goes, on the
+//! chosen device: the instrument the PyTorch side-by-side in BENCHMARKS.md is
+//! read from (`benches/pytorch_reference.py` prints the same layout).
+//!
+//!     cargo run --release --example cifar10_breakdown -- \
+//!         [--batch-size 256] [--repeats 30] [--device auto|gpu|cpu] [--json PATH]
+//!
+//! - ms/step: the median over `--repeats` steps of upload + record + submit +
+//!   wait, each step synchronised on its own (what a caller of `train_batch`
+//!   waits for when it reads the loss every step).
+//! - Per conv layer: forward and backward GPU time (timestamp queries around
+//!   every dispatch of the layer, medians over the repeats), TFLOP/s of the
+//!   GEMMs, and the kernel variant the planner chose.
+//! - Dispatches and submissions per step, the pool's peak bytes on loan during
+//!   a step and its total device footprint, and the step's GPU time by kernel
+//!   with the largest cost named.
+//!
+//! On the CPU path only the step time is measured (no timestamps there).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use aether::conv::{ConvDirection, ConvShapeMeta};
+use aether::data::synthetic_images;
+use aether::gpu::{DevicePreference, GpuOptions};
+use aether::{Device, Model, Result};
+use serde::Serialize;
+
+const USAGE: &str = "usage: cifar10_breakdown [--batch-size N] [--repeats N] \
+                     [--device auto|gpu|cpu] [--json PATH]";
+
+struct Args {
+    batch: usize,
+    repeats: usize,
+    device: Option<DevicePreference>,
+    json: Option<String>,
+}
+
+impl Args {
+    fn parse() -> std::result::Result<Self, String> {
+        let mut args = Args {
+            batch: 256,
+            repeats: 30,
+            device: None,
+            json: None,
+        };
+        let mut it = std::env::args().skip(1);
+        while let Some(flag) = it.next() {
+            let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+            let count = |v: String| match v.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!("{flag} takes a whole number >= 1, got {v:?}")),
+            };
+            match flag.as_str() {
+                "--batch-size" => args.batch = count(value()?)?,
+                "--repeats" => args.repeats = count(value()?)?,
+                "--device" => {
+                    args.device = Some(match value()?.as_str() {
+                        "auto" => DevicePreference::Auto,
+                        "gpu" => DevicePreference::Gpu,
+                        "cpu" => DevicePreference::Cpu,
+                        other => return Err(format!("--device takes auto|gpu|cpu, got {other:?}")),
+                    })
+                }
+                "--json" => args.json = Some(value()?),
+                "--help" | "-h" => return Err(USAGE.into()),
+                other => return Err(format!("unknown option {other:?}\n{USAGE}")),
+            }
+        }
+        Ok(args)
+    }
+}
+
+/// One conv layer's row of the table.
+#[derive(Serialize)]
+struct ConvRow {
+    layer: usize,
+    shape: String,
+    forward_ms: f64,
+    backward_ms: f64,
+    forward_tflops: f64,
+    backward_tflops: f64,
+    variant: String,
+}
+
+/// Everything the example prints, for `--json`.
+#[derive(Serialize)]
+struct Report {
+    adapter: String,
+    batch: usize,
+    repeats: usize,
+    ms_per_step: f64,
+    images_per_s: f64,
+    dispatches_per_step: Option<usize>,
+    submissions_per_step: Option<usize>,
+    peak_live_bytes: Option<u64>,
+    pool_bytes: Option<u64>,
+    gpu_ms_per_step: Option<f64>,
+    convs: Vec<ConvRow>,
+    /// GPU ms per step by kernel label, largest first.
+    kernels: Vec<(String, f64)>,
+    /// GPU ms per step by layer type and direction, largest first.
+    phases: Vec<(String, f64)>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args = Args::parse().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2);
+    });
+    if let Err(e) = run(&args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<()> {
+    let device = match args.device {
+        None => Device::best()?,
+        Some(p) => Device::with_preference(p, &GpuOptions::from_env()?)?,
+    };
+    let adapter = match device.gpu_context() {
+        Some(ctx) => ctx.caps().describe(),
+        None => "cpu (pure-Rust path)".to_owned(),
+    };
+    println!("{adapter}");
+    let batch = args.batch;
+    let (x, y) = synthetic_images(batch, 32, 32, 1);
+    let mut model = aether::zoo::cifar10_v1(1);
+    model.to(&device)?;
+    model.finalize(&[32, 32, 3])?;
+    let sync = || match device.gpu_context() {
+        Some(ctx) => {
+            ctx.flush();
+            ctx.wait_idle()
+        }
+        None => Ok(()),
+    };
+    for _ in 0..3 {
+        model.train_batch(&x, &y)?;
+    }
+    sync()?;
+
+    let mut step_ms = Vec::new();
+    for _ in 0..args.repeats {
+        let start = Instant::now();
+        model.train_batch(&x, &y)?;
+        sync()?;
+        step_ms.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    let ms_per_step = median(step_ms);
+    let mut report = Report {
+        adapter,
+        batch,
+        repeats: args.repeats,
+        ms_per_step,
+        images_per_s: batch as f64 / ms_per_step * 1e3,
+        dispatches_per_step: None,
+        submissions_per_step: None,
+        peak_live_bytes: None,
+        pool_bytes: None,
+        gpu_ms_per_step: None,
+        convs: Vec::new(),
+        kernels: Vec::new(),
+        phases: Vec::new(),
+    };
+    if let Some(ctx) = device.gpu_context() {
+        let (dispatches, submissions) = (ctx.dispatch_count(), ctx.submission_count());
+        ctx.pool().reset_peak();
+        model.train_batch(&x, &y)?;
+        sync()?;
+        let stats = ctx.pool().stats();
+        report.dispatches_per_step = Some(ctx.dispatch_count() - dispatches);
+        report.submissions_per_step = Some(ctx.submission_count() - submissions);
+        report.peak_live_bytes = Some(stats.peak_live_bytes);
+        report.pool_bytes = Some(stats.created_bytes);
+        profile(&mut model, &x, &y, args.repeats, &mut report)?;
+    }
+    print_report(&report);
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).expect("report serialises");
+        aether::io::write_atomic(path.as_ref(), text.as_bytes())?;
+        println!("wrote {path}");
+    }
+    Ok(())
+}
+
+/// GPU times of `repeats` profiled steps: by scope (layer and direction) and by
+/// kernel label, each the median of its per-step totals.
+fn profile(
+    model: &mut Model,
+    x: &[f32],
+    y: &[u32],
+    repeats: usize,
+    report: &mut Report,
+) -> Result<()> {
+    let ctx = model.device().gpu_context().expect("gpu device").clone();
+    let mut by_scope: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut by_kernel: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut totals = Vec::new();
+    for _ in 0..repeats {
+        let (_, times) = ctx.timed(1024, || model.train_batch(x, y))?;
+        let mut scope_ms: BTreeMap<String, f64> = BTreeMap::new();
+        let mut kernel_ms: BTreeMap<String, f64> = BTreeMap::new();
+        for t in &times {
+            let scope = t.scope.as_deref().unwrap_or("upload").to_owned();
+            *scope_ms.entry(scope).or_default() += t.nanos / 1e6;
+            *kernel_ms.entry(t.label.to_owned()).or_default() += t.nanos / 1e6;
+        }
+        totals.push(times.iter().map(|t| t.nanos / 1e6).sum());
+        for (k, v) in scope_ms {
+            by_scope.entry(k).or_default().push(v);
+        }
+        for (k, v) in kernel_ms {
+            by_kernel.entry(k).or_default().push(v);
+        }
+    }
+    let by_scope: BTreeMap<String, f64> =
+        by_scope.into_iter().map(|(k, v)| (k, median(v))).collect();
+    report.gpu_ms_per_step = Some(median(totals));
+    report.kernels = sorted(by_kernel.into_iter().map(|(k, v)| (k, median(v))));
+    // "3 BatchNorm forward" -> "BatchNorm forward": what each kind of layer costs.
+    let mut phases: BTreeMap<String, f64> = BTreeMap::new();
+    for (scope, ms) in &by_scope {
+        let phase = scope.split_once(' ').map_or(scope.as_str(), |(_, p)| p);
+        *phases.entry(phase.to_owned()).or_default() += ms;
+    }
+    report.phases = sorted(phases.into_iter());
+
+    for (layer, plans) in model.conv_plans() {
+        let Some(&(_, meta, _)) = plans.iter().find(|(d, _, _)| *d == ConvDirection::Forward)
+        else {
+            continue;
+        };
+        let kind = model.layer_spec(layer).map_or("?", |s| s.kind());
+        let ms = |dir: &str| {
+            by_scope
+                .get(&format!("{layer} {kind} {dir}"))
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let gemm = |m: &ConvShapeMeta, k: usize| 2.0 * (m.m * k * m.c_out) as f64;
+        let has = |d| plans.iter().any(|(dir, _, _)| *dir == d);
+        let forward_flops = gemm(&meta, meta.k);
+        let backward_flops = gemm(&meta, meta.k + 1)
+            + if has(ConvDirection::DInput) {
+                gemm(&meta, meta.k)
+            } else {
+                0.0
+            };
+        let mut variants: Vec<&str> = plans.iter().map(|(_, _, p)| p.variant.name()).collect();
+        variants.sort();
+        variants.dedup();
+        let (forward_ms, backward_ms) = (ms("forward"), ms("backward"));
+        report.convs.push(ConvRow {
+            layer,
+            shape: format!("{kind} {}x{}x{}->{}", meta.h, meta.w, meta.c_in, meta.c_out),
+            forward_ms,
+            backward_ms,
+            forward_tflops: forward_flops / (forward_ms * 1e-3) / 1e12,
+            backward_tflops: backward_flops / (backward_ms * 1e-3) / 1e12,
+            variant: variants.join("+"),
+        });
+    }
+    Ok(())
+}
+
+fn sorted(rows: impl Iterator<Item = (String, f64)>) -> Vec<(String, f64)> {
+    let mut rows: Vec<_> = rows.collect();
+    rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+    rows
+}
+
+fn print_report(r: &Report) {
+    println!(
+        "v1 CIFAR-10 model, batch {}, 32x32x3: {:.3} ms/step (median of {} synchronised steps), {:.0} images/s",
+        r.batch, r.ms_per_step, r.repeats, r.images_per_s
+    );
+    let (Some(dispatches), Some(submissions), Some(peak), Some(pool), Some(gpu_ms)) = (
+        r.dispatches_per_step,
+        r.submissions_per_step,
+        r.peak_live_bytes,
+        r.pool_bytes,
+        r.gpu_ms_per_step,
+    ) else {
+        println!("(CPU path: no per-layer GPU timestamps)");
+        return;
+    };
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "per step: {dispatches} dispatches, {submissions} submission(s), GPU time in kernels {gpu_ms:.3} ms; \
+         peak GPU memory on loan {:.1} MiB (pool footprint {:.1} MiB)",
+        mib(peak),
+        mib(pool)
+    );
+    println!(
+        "{:<5} {:<26} {:>10} {:>10} {:>9} {:>9}  variant",
+        "layer", "conv", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s"
+    );
+    // Two decimals on a GPU; enough digits to be non-zero on lavapipe.
+    let tflops = |v: f64| {
+        if v >= 0.1 {
+            format!("{v:>9.2}")
+        } else {
+            format!("{v:>9.5}")
+        }
+    };
+    for c in &r.convs {
+        println!(
+            "{:<5} {:<26} {:>10.4} {:>10.4} {} {}  {}",
+            c.layer,
+            c.shape,
+            c.forward_ms,
+            c.backward_ms,
+            tflops(c.forward_tflops),
+            tflops(c.backward_tflops),
+            c.variant
+        );
+    }
+    let conv_ms: f64 = r.convs.iter().map(|c| c.forward_ms + c.backward_ms).sum();
+    println!("{:<32} {conv_ms:>10.4} ms (fwd+bwd)", "all convs");
+    println!("GPU ms per step by phase:");
+    for (phase, ms) in &r.phases {
+        println!("  {phase:<28} {ms:8.4}");
+    }
+    println!("GPU ms per step by kernel:");
+    for (label, ms) in &r.kernels {
+        println!("  {label:<28} {ms:8.4}");
+    }
+    if let Some((label, ms)) = r.kernels.first() {
+        println!(
+            "largest cost: {label} ({ms:.3} ms, {:.0}% of GPU time; wall step {:.3} ms vs {gpu_ms:.3} ms in kernels)",
+            100.0 * ms / gpu_ms,
+            r.ms_per_step
+        );
+    }
+}
