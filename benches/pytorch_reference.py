@@ -8,7 +8,8 @@ same table layout so one device run puts both side by side.
 
 - ms/step: median over --repeats steps, each synchronised on its own, of
   host->device batch copy + forward + loss + backward + AdamW, for fp32 eager,
-  AMP fp16 channels_last eager, and the AMP step captured in one CUDA graph.
+  AMP fp16 channels_last eager, and the AMP step captured in one CUDA graph;
+  and pipelined: --repeats steps back to back, one synchronise at the end.
 - Per conv: cuDNN fp16 channels_last forward and backward (dgrad except for the
   first layer, which aether skips too, + wgrad + bias grad), CUDA-event time of
   20 back-to-back calls / 20, median of --repeats.
@@ -52,6 +53,7 @@ def batch(n):
 
 
 def timed_steps(step, repeats, warmup=5):
+    """(median ms of synchronised steps, ms per step of `repeats` back to back)."""
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
@@ -61,7 +63,11 @@ def timed_steps(step, repeats, warmup=5):
         step()
         torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    torch.cuda.synchronize()
+    return statistics.median(times), (time.perf_counter() - start) * 1e3 / repeats
 
 
 def model_step_times(n, repeats):
@@ -176,9 +182,10 @@ def main():
     n = args.batch_size
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} cuDNN {torch.backends.cudnn.version()}")
     steps = model_step_times(n, args.repeats)
-    for name, ms in steps.items():
+    for name, (ms, pipelined) in steps.items():
         print(f"v1 CIFAR-10 model, batch {n}, 32x32x3, {name}: {ms:.3f} ms/step "
-              f"(median of {args.repeats} synchronised steps), {n / ms * 1e3:.0f} images/s")
+              f"(median of {args.repeats} synchronised steps), {n / ms * 1e3:.0f} images/s; "
+              f"pipelined {pipelined:.3f} ms/step")
     convs = [dict(layer=i, **conv_times(n, s, i == 0, args.repeats)) for i, s in enumerate(LAYERS)]
     large = conv_times(n, LARGE, False, args.repeats)
     print(f"{'layer':<5} {'conv':<26} {'fwd ms':>10} {'bwd ms':>10} {'fwd TF/s':>9} {'bwd TF/s':>9}  variant")

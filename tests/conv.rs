@@ -2,7 +2,8 @@
 //! and every variant the adapter has, over shapes chosen to hit the edges:
 //! 1x1 / 3x3 / 5x3 / 2x2 filters, stride 1, 2, 3 and (2, 1), same / valid /
 //! explicit padding, dilation, C_in = 3, channels not a multiple of the tile,
-//! M ending mid-tile, batch 1 and 7.
+//! M ending mid-tile, batch 1 and 7, and channel counts divisible by 8 (the
+//! coop core's run loads) on every operand, on the input only, on dy only.
 //!
 //! Bounds (norm-relative): f32 operands 1e-5; f16 operands 5e-3.
 
@@ -84,6 +85,33 @@ fn cases() -> Vec<Case> {
             name: "3x3 same, tiles end mid-block",
             input: [1, 12, 11, 17],
             params: p(70, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
+        // Channel counts divisible by 8 switch the coop core to run loads.
+        Case {
+            name: "3x3 same, runs on every operand, M and K end mid-block",
+            input: [2, 7, 9, 16],
+            params: p(24, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
+        Case {
+            name: "3x3 stride 2 explicit, runs on the input only",
+            input: [3, 9, 8, 8],
+            params: p(
+                3,
+                (3, 3),
+                (2, 2),
+                Padding::Explicit {
+                    top: 2,
+                    bottom: 0,
+                    left: 1,
+                    right: 1,
+                },
+                (1, 1),
+            ),
+        },
+        Case {
+            name: "3x3 dilation 2, runs on the weights and dy only",
+            input: [2, 6, 7, 3],
+            params: p(16, (3, 3), (1, 1), Padding::Same, (2, 2)),
         },
     ]
 }

@@ -86,25 +86,52 @@ fn class_tap(z: u32, red: u32) -> vec3<u32> {
     return vec3<u32>(ah.first_tap + jr * ah.tap_step, aw.first_tap + js * aw.tap_step, co);
 }
 
-fn load_a(z: u32, row: u32, red: u32) -> f32 {
+// Offset in `dy` of A's element (row, red), or -1 where no output position
+// reaches it (padding or the output's edge).
+fn dy_offset(z: u32, row: u32, red: u32) -> i32 {
     let p = class_position(z, row);
     let t = class_tap(z, red);
     let oh_num = i32(p.y + PAD_TOP) - i32(t.x * DIL_H);
     let ow_num = i32(p.z + PAD_LEFT) - i32(t.y * DIL_W);
     if (oh_num < 0 || ow_num < 0) {
-        return 0.0;
+        return -1;
     }
     let oh = u32(oh_num) / STRIDE_H;
     let ow = u32(ow_num) / STRIDE_W;
     if (oh >= H_OUT || ow >= W_OUT) {
+        return -1;
+    }
+    return i32(((p.x * H_OUT + oh) * W_OUT + ow) * C_OUT + t.z);
+}
+
+fn load_a(z: u32, row: u32, red: u32) -> f32 {
+    let offset = dy_offset(z, row, red);
+    if (offset < 0) {
         return 0.0;
     }
-    return f32(dy[((p.x * H_OUT + oh) * W_OUT + ow) * C_OUT + t.z]);
+    return f32(dy[offset]);
+}
+
+fn w_offset(z: u32, red: u32, col: u32) -> u32 {
+    let t = class_tap(z, red);
+    return ((t.x * S + t.y) * C_IN + col) * C_OUT + t.z;
 }
 
 fn load_b(z: u32, red: u32, col: u32) -> f32 {
-    let t = class_tap(z, red);
-    return f32(w[((t.x * S + t.y) * C_IN + col) * C_OUT + t.z]);
+    return f32(w[w_offset(z, red, col)]);
+}
+
+// Runs for the coop core: both operands along the reduction, whose fastest
+// index is the output channel (C_OUT % 8 == 0 keeps a run inside one tap).
+const A_RUNS_ALONG_K: bool = true;
+const B_RUNS_ALONG_K: bool = true;
+
+fn load_a_run(z: u32, row: u32, red: u32) -> array<operand, 8> {
+    return dy_run(dy_offset(z, row, red));
+}
+
+fn load_b_run(z: u32, red: u32, col: u32) -> array<operand, 8> {
+    return w_run(i32(w_offset(z, red, col)));
 }
 
 fn store_c(z: u32, row: u32, col: u32, v: f32) {

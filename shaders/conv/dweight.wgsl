@@ -38,6 +38,24 @@ fn load_b(z: u32, red: u32, col: u32) -> f32 {
     return f32(dy[red * C_OUT + col]);
 }
 
+// Runs for the coop core: A along its rows (channels of a tap, then the row of
+// ones, which starts a run of its own since K % 8 == 0), B along C_out.
+const A_RUNS_ALONG_K: bool = false;
+const B_RUNS_ALONG_K: bool = false;
+
+fn load_a_run(z: u32, row: u32, red: u32) -> array<operand, 8> {
+    if (row == R * S * C_IN) {
+        var ones: array<operand, 8>;
+        ones[0] = operand(1.0);
+        return ones;
+    }
+    return im2col_run(red, row);
+}
+
+fn load_b_run(z: u32, red: u32, col: u32) -> array<operand, 8> {
+    return dy_run(i32(red * C_OUT + col));
+}
+
 fn store_c(z: u32, row: u32, col: u32, v: f32) {
     partial[(z * (R * S * C_IN + 1u) + row) * C_OUT + col] = v;
 }

@@ -30,6 +30,18 @@ fn load_b(z: u32, red: u32, col: u32) -> f32 {
     return f32(w[red * C_OUT + col]);
 }
 
+// Runs for the coop core: A along K (channels of a tap), B along C_out.
+const A_RUNS_ALONG_K: bool = true;
+const B_RUNS_ALONG_K: bool = false;
+
+fn load_a_run(z: u32, row: u32, red: u32) -> array<operand, 8> {
+    return im2col_run(row, red);
+}
+
+fn load_b_run(z: u32, red: u32, col: u32) -> array<operand, 8> {
+    return w_run(i32(red * C_OUT + col));
+}
+
 fn store_c(z: u32, row: u32, col: u32, v: f32) {
     y[row * C_OUT + col] = v + bias[col];
 }

@@ -1,6 +1,8 @@
-// Element (m, k) of the implicit im2col matrix of the NHWC input `x`: m is an
-// output position (n, oh, ow), k a filter tap (r, s, c_in). Padding reads as 0.
-fn im2col(m: u32, k: u32) -> f32 {
+// The implicit im2col matrix of the NHWC input `x`: row m is an output position
+// (n, oh, ow), column k a filter tap (r, s, c_in). Padding reads as 0.
+
+// Offset in `x` of element (m, k), or -1 where it falls in the padding.
+fn im2col_offset(m: u32, k: u32) -> i32 {
     let ow = m % W_OUT;
     let oh = (m / W_OUT) % H_OUT;
     let n = m / (W_OUT * H_OUT);
@@ -10,7 +12,21 @@ fn im2col(m: u32, k: u32) -> f32 {
     let ih = i32(oh * STRIDE_H + r * DIL_H) - i32(PAD_TOP);
     let iw = i32(ow * STRIDE_W + s * DIL_W) - i32(PAD_LEFT);
     if (ih < 0 || ih >= i32(H) || iw < 0 || iw >= i32(W)) {
+        return -1;
+    }
+    return i32(((n * H + u32(ih)) * W + u32(iw)) * C_IN + c);
+}
+
+fn im2col(m: u32, k: u32) -> f32 {
+    let offset = im2col_offset(m, k);
+    if (offset < 0) {
         return 0.0;
     }
-    return f32(x[((n * H + u32(ih)) * W + u32(iw)) * C_IN + c]);
+    return f32(x[offset]);
+}
+
+// Elements (m, k .. k + 7): 8 consecutive input channels of one tap, one index
+// computation. Needs C_IN % 8 == 0 and k % 8 == 0, so the run never crosses a tap.
+fn im2col_run(m: u32, k: u32) -> array<operand, 8> {
+    return x_run(im2col_offset(m, k));
 }

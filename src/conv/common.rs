@@ -328,12 +328,42 @@ pub enum ConvDirection {
     DInput,
 }
 
-/// One conv kernel: its name, the WGSL parts after the prelude, and whether it
-/// is a GEMM (then the variant's GEMM core is appended).
+/// One conv kernel: its name, the WGSL parts after the prelude, and for a GEMM
+/// its run operands (then the variant's GEMM core is appended).
 pub(crate) struct ConvKernel {
     pub name: &'static str,
     pub parts: &'static [&'static str],
-    pub gemm: bool,
+    pub gemm: Option<GemmRuns>,
+}
+
+/// The bindings a GEMM kernel reads A and B from, and when the coop core may
+/// load them in runs of [`GEMM_RUN`] consecutive elements: a shape whose
+/// channel counts keep every run inside one contiguous span.
+pub(crate) struct GemmRuns {
+    pub a: &'static str,
+    pub b: &'static str,
+    pub fits: fn(&ConvShapeMeta) -> [bool; 2],
+}
+
+/// Elements per run load in the coop core (`RUN` in coop_gemm.wgsl).
+pub(crate) const GEMM_RUN: usize = 8;
+
+/// WGSL `{name}_run(offset)`: the 8 elements of binding `name` from `offset`,
+/// or zeros where `offset` is -1 (padding).
+fn run_reader(name: &str) -> String {
+    format!(
+        "fn {name}_run(offset: i32) -> array<operand, 8> {{
+    var run: array<operand, 8>;
+    if (offset < 0) {{
+        return run;
+    }}
+    for (var j = 0u; j < 8u; j++) {{
+        run[j] = {name}[u32(offset) + j];
+    }}
+    return run;
+}}
+"
+    )
 }
 
 impl ConvKernel {
@@ -347,13 +377,20 @@ impl ConvKernel {
     ) -> Option<Arc<wgpu::ComputePipeline>> {
         let variant = plan.variant;
         let mut key = pipeline_key(self.name, variant, meta);
-        let mut parts = self.parts.to_vec();
-        let coop_core;
-        if self.gemm {
+        let mut parts: Vec<&str> = self.parts.to_vec();
+        let (coop_core, readers);
+        if let Some(runs) = &self.gemm {
+            readers = run_reader(runs.a) + &run_reader(runs.b);
+            parts.push(&readers);
             match variant {
                 ConvVariant::Coop { tile } => {
                     let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
-                    key = key.with("SUBGROUP", subgroup);
+                    let run = |fits: bool| if fits { GEMM_RUN as u32 } else { 1 };
+                    let [a, b] = (runs.fits)(meta);
+                    key = key
+                        .with("SUBGROUP", subgroup)
+                        .with("RUN_A", run(a))
+                        .with("RUN_B", run(b));
                     coop_core = COOP_GEMM
                         .replace("coop_matTxT", &format!("coop_mat{tile}x{tile}"))
                         .replace("TILE_SIZEu", &format!("{tile}u"));

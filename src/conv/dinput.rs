@@ -5,8 +5,8 @@
 use rayon::prelude::*;
 
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta,
-    accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first, same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, GEMM_RUN,
+    GemmRuns, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first, same_device,
 };
 use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
 use crate::error::Result;
@@ -15,7 +15,11 @@ use crate::tensor::{DType, Shape, Tensor};
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_dinput",
     parts: &[include_str!("../../shaders/conv/dinput.wgsl")],
-    gemm: true,
+    gemm: Some(GemmRuns {
+        a: "dy",
+        b: "w",
+        fits: |m| [m.c_out % GEMM_RUN == 0; 2],
+    }),
 };
 
 /// `dX[N, H, W, C_in]` of a convolution with weights `w[R, S, C_in, C_out]` whose

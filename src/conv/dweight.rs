@@ -7,8 +7,8 @@ use rayon::prelude::*;
 
 use super::cast::conv_backward_cast_fp16;
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL, buf,
-    expect_dims, gpu_operand, host_values, plan_first, same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, GEMM_RUN,
+    GemmRuns, IM2COL, buf, expect_dims, gpu_operand, host_values, plan_first, same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -18,12 +18,16 @@ use crate::tensor::{DType, Shape, Tensor};
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_dweight",
     parts: &[IM2COL, include_str!("../../shaders/conv/dweight.wgsl")],
-    gemm: true,
+    gemm: Some(GemmRuns {
+        a: "x",
+        b: "dy",
+        fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
+    }),
 };
 const REDUCE: ConvKernel = ConvKernel {
     name: "conv_dweight_reduce",
     parts: &[include_str!("../../shaders/conv/dweight_reduce.wgsl")],
-    gemm: false,
+    gemm: None,
 };
 const REDUCE_WORKGROUP: u32 = 256;
 /// Images per partial sum on the CPU path: a fixed grouping keeps the CPU result

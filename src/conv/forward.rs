@@ -3,8 +3,9 @@
 use rayon::prelude::*;
 
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, IM2COL,
-    accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first, same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, GEMM_RUN,
+    GemmRuns, IM2COL, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first,
+    same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -13,7 +14,11 @@ use crate::tensor::{DType, Shape, Tensor};
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_forward",
     parts: &[IM2COL, include_str!("../../shaders/conv/forward.wgsl")],
-    gemm: true,
+    gemm: Some(GemmRuns {
+        a: "x",
+        b: "w",
+        fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
+    }),
 };
 
 /// Convolves NHWC `x` with `w[R, S, C_in, C_out]` and adds `bias[C_out]`.
