@@ -70,6 +70,22 @@ pub enum AetherError {
         during: &'static str,
         message: String,
     },
+    /// The GPU device is gone (driver reset, GPU removed, device destroyed):
+    /// nothing more runs on it and the tensors on it are lost. Files already
+    /// written, such as checkpoints, are untouched.
+    #[error("GPU device lost during {during}: {reason}")]
+    DeviceLost {
+        during: &'static str,
+        reason: String,
+    },
+    /// The GPU could not allocate a buffer: out of memory, or a size the driver
+    /// refuses.
+    #[error("could not allocate {what} ({bytes} bytes) on the GPU: {message}")]
+    Allocation {
+        what: String,
+        bytes: u64,
+        message: String,
+    },
     /// A model file that cannot be used: truncated, malformed, another
     /// architecture, or a tensor of the wrong shape (named in `reason`).
     #[error("model file {path}: {reason}", path = path.display())]

@@ -19,9 +19,10 @@ pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod tensor;
+pub mod threads;
 pub mod zoo;
 
 pub use device::Device;
 pub use error::{AetherError, Result};
-pub use model::{History, Loss, Metric, Model, TrainOptions};
+pub use model::{Checkpoint, History, Loss, Metric, Model, TrainOptions};
 pub use tensor::{DType, Shape, Tensor};

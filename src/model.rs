@@ -7,7 +7,7 @@
 //! (and every step's loss and correct count once at the end of the epoch).
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -48,6 +48,22 @@ pub struct TrainOptions<'a> {
     pub log_every: usize,
     /// Show an indicatif progress bar.
     pub progress: bool,
+    /// Save the model while training; `None` saves nothing.
+    pub checkpoint: Option<Checkpoint>,
+}
+
+/// Where and how often [`Model::train`] saves the model. Each save is a
+/// complete model file written atomically (see [`Model::save`]): a crash, a
+/// kill or a GPU fault at any moment leaves the previous checkpoint loadable.
+/// A checkpoint holds what `save` writes (architecture, parameters, BatchNorm
+/// statistics), not the optimizer's moments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The model file, replaced at each save.
+    pub path: PathBuf,
+    /// Save after every this many epochs (counted within one `train` call);
+    /// a final save after the last epoch is the caller's [`Model::save`].
+    pub every_epochs: usize,
 }
 
 impl Default for TrainOptions<'_> {
@@ -59,6 +75,7 @@ impl Default for TrainOptions<'_> {
             validation: None,
             log_every: 20,
             progress: true,
+            checkpoint: None,
         }
     }
 }
@@ -98,6 +115,9 @@ pub struct Model {
     optimizer: Option<Adam>,
     device: Device,
     input_shape: Option<Vec<usize>>,
+    /// Per-sample shape after each layer, from `finalize`: what bounds the
+    /// batch a GPU buffer can hold.
+    output_shapes: Vec<Vec<usize>>,
     seed: u64,
     step: u64,
 }
@@ -121,6 +141,7 @@ impl Model {
             optimizer: None,
             device: Device::Cpu,
             input_shape: None,
+            output_shapes: Vec::new(),
             seed: 0,
             step: 0,
         }
@@ -156,6 +177,7 @@ impl Model {
             ));
         }
         let mut shape = input_shape.to_vec();
+        let mut output_shapes = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let seed = self.seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
             shape = layer.build(&shape, seed, &self.device).map_err(|e| {
@@ -164,8 +186,10 @@ impl Model {
                     layer.spec()
                 ))
             })?;
+            output_shapes.push(shape.clone());
         }
         self.input_shape = Some(input_shape.to_vec());
+        self.output_shapes = output_shapes;
         Ok(())
     }
 
@@ -196,7 +220,8 @@ impl Model {
         &self.device
     }
 
-    fn input_shape(&self) -> Result<&[usize]> {
+    /// The per-sample input shape given to `finalize` (or read from the model file).
+    pub fn input_shape(&self) -> Result<&[usize]> {
         self.input_shape
             .as_deref()
             .ok_or_else(|| model_err("call finalize(input_shape) first"))
@@ -365,6 +390,14 @@ impl Model {
         if options.batch_size == 0 || options.epochs == 0 {
             return Err(model_err("batch_size and epochs must be at least 1"));
         }
+        if options
+            .checkpoint
+            .as_ref()
+            .is_some_and(|c| c.every_epochs == 0)
+        {
+            return Err(model_err("checkpoint every_epochs must be at least 1"));
+        }
+        self.check_training_batch(options.batch_size.min(n))?;
         let mut order: Vec<usize> = (0..n).collect();
         let mut history = History::default();
         for epoch in 0..options.epochs {
@@ -444,6 +477,11 @@ impl Model {
                 ));
             }
             history.epochs.push(stats);
+            if let Some(checkpoint) = &options.checkpoint
+                && (epoch + 1).is_multiple_of(checkpoint.every_epochs)
+            {
+                self.save(&checkpoint.path)?;
+            }
         }
         Ok(history)
     }
@@ -453,7 +491,7 @@ impl Model {
         let n = self.sample_count(x, Some(y))?;
         let indices: Vec<usize> = (0..n).collect();
         let mut pending = Vec::new();
-        for chunk in indices.chunks(batch_size.max(1)) {
+        for chunk in indices.chunks(self.inference_batch(batch_size)?) {
             let xb = self.batch_tensor(x, chunk)?;
             let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
             let yb = Tensor::from_u32(vec![chunk.len()], labels, &self.device)?;
@@ -481,7 +519,7 @@ impl Model {
                 .last()
                 .is_some_and(|l| l.spec() != LayerSpec::Softmax);
         let mut outputs = Vec::new();
-        for chunk in indices.chunks(batch_size.max(1)) {
+        for chunk in indices.chunks(self.inference_batch(batch_size)?) {
             let xb = self.batch_tensor(x, chunk)?;
             let out = self.forward(&xb, Mode::Infer)?;
             outputs.push(if apply_softmax { softmax(&out)? } else { out });
@@ -491,6 +529,85 @@ impl Model {
             values.extend(out.to_vec_f32()?);
         }
         Ok(values)
+    }
+
+    /// The largest per-sample tensor the model makes (its input or a layer's
+    /// output), as `(layer index or None for the input, shape, values)`.
+    fn largest_activation(&self) -> Result<(Option<usize>, &[usize], usize)> {
+        let input = (
+            None,
+            self.input_shape()?,
+            self.input_shape()?.iter().product(),
+        );
+        Ok(self
+            .output_shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (Some(i), s.as_slice(), s.iter().product()))
+            .fold(
+                input,
+                |best, next| if next.2 > best.2 { next } else { best },
+            ))
+    }
+
+    /// The most samples whose activations fit one GPU buffer (f32 values), or
+    /// `None` on the CPU, where nothing limits a batch.
+    fn samples_per_buffer(&self) -> Result<Option<usize>> {
+        let Device::Gpu(ctx) = &self.device else {
+            return Ok(None);
+        };
+        let limits = &ctx.caps().limits;
+        let limit = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
+        let (_, _, values) = self.largest_activation()?;
+        Ok(Some((limit / (values as u64 * 4)) as usize))
+    }
+
+    /// A `TooLarge` error for `samples` samples of the largest activation.
+    fn batch_too_large(&self, samples: usize, context: &str) -> Result<AetherError> {
+        let Device::Gpu(ctx) = &self.device else {
+            return Err(model_err("batch limits apply only to GPU devices"));
+        };
+        let limits = &ctx.caps().limits;
+        let (layer, shape, values) = self.largest_activation()?;
+        let tensor = match layer {
+            None => "the input".to_owned(),
+            Some(i) => format!("the output of layer {i} ({:?})", self.layers[i].spec()),
+        };
+        Ok(AetherError::TooLarge {
+            what: format!(
+                "{context}: {tensor}, {samples} x {shape:?} f32 ({} samples fit one buffer)",
+                self.samples_per_buffer()?.unwrap_or(0)
+            ),
+            bytes: samples as u64 * values as u64 * 4,
+            limit: limits
+                .max_storage_buffer_binding_size
+                .min(limits.max_buffer_size),
+        })
+    }
+
+    /// The chunk size for inference over batches of `requested` samples: as
+    /// asked, or smaller so that every activation fits one GPU buffer. Samples
+    /// are independent in inference, so the split changes no result.
+    fn inference_batch(&self, requested: usize) -> Result<usize> {
+        let requested = requested.max(1);
+        match self.samples_per_buffer()? {
+            Some(0) => Err(self.batch_too_large(1, "inference on one sample")?),
+            Some(fit) => Ok(requested.min(fit)),
+            None => Ok(requested),
+        }
+    }
+
+    /// Refuses a training batch whose activations do not fit one GPU buffer:
+    /// splitting it would change the BatchNorm statistics and the gradient.
+    fn check_training_batch(&self, batch: usize) -> Result<()> {
+        match self.samples_per_buffer()? {
+            Some(fit) if batch > fit => {
+                Err(self.batch_too_large(batch, "training batch (reduce batch_size)")?)
+            }
+            _ => Ok(()),
+        }
     }
 
     fn architecture(&self) -> Result<Architecture> {
@@ -532,8 +649,15 @@ impl Model {
     /// A model rebuilt from a file written by [`Model::save`], on `device`.
     pub fn load(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
         let path = path.as_ref();
-        let bytes = read_file(path)?;
-        let (arch, file) = parse(path, &bytes)?;
+        Self::from_bytes(path, &read_file(path)?, device)
+    }
+
+    /// A model rebuilt from the contents `bytes` of a model file, on `device`;
+    /// `path` only names the file in errors. Any malformed input is an
+    /// [`AetherError::ModelFile`] (or an error naming the layer that does not build).
+    pub fn from_bytes(path: impl AsRef<Path>, bytes: &[u8], device: &Device) -> Result<Self> {
+        let path = path.as_ref();
+        let (arch, file) = parse(path, bytes)?;
         let mut model = Model::new();
         model.device = device.clone();
         model.loss = arch.loss;

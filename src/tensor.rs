@@ -170,17 +170,28 @@ impl Tensor {
         Ok(tensor)
     }
 
-    /// A GPU tensor whose contents a kernel is about to write.
+    /// A GPU tensor whose contents a kernel is about to write. A size over the
+    /// device's limits is [`AetherError::TooLarge`]; an allocation the device
+    /// refuses (caught in a wgpu error scope) is [`AetherError::Allocation`].
     pub(crate) fn uninit_gpu(ctx: &Arc<GpuContext>, shape: Shape, dtype: DType) -> Result<Self> {
+        let what = || format!("tensor of shape {:?} ({dtype:?})", shape.dims());
         let bytes = (shape.numel() * dtype.size_bytes()) as u64;
-        let limit = ctx.caps().limits.max_storage_buffer_binding_size;
+        let limits = &ctx.caps().limits;
+        let limit = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
         if bytes > limit {
             return Err(AetherError::TooLarge {
-                what: format!("tensor of shape {:?} ({dtype:?})", shape.dims()),
+                what: what(),
                 bytes,
                 limit,
             });
         }
+        ctx.check_faults("allocation")?;
+        let out_of_memory = ctx
+            .device()
+            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let refused = ctx.device().push_error_scope(wgpu::ErrorFilter::Validation);
         let buffer = ctx.pool().get_or_create(
             ctx.device(),
             bytes,
@@ -188,6 +199,17 @@ impl Tensor {
                 | wgpu::BufferUsages::COPY_SRC
                 | wgpu::BufferUsages::COPY_DST,
         );
+        let refused = pollster::block_on(refused.pop());
+        if let Some(error) = pollster::block_on(out_of_memory.pop()).or(refused) {
+            // wgpu hands back an invalid buffer; in the pool it would be given to
+            // the next request of this size, so its (small) handle is leaked instead.
+            std::mem::forget(buffer);
+            return Err(AetherError::Allocation {
+                what: what(),
+                bytes,
+                message: error.to_string(),
+            });
+        }
         Ok(Self {
             shape,
             dtype,

@@ -134,6 +134,31 @@ impl ConvShapeMeta {
                 right,
             } => (top, bottom, left, right),
         };
+        // Every size reaches the kernels as a 32-bit index, so anything past
+        // i32::MAX is refused up front; below it the arithmetic here cannot
+        // overflow a 64-bit usize, and the products are checked.
+        let index_limit = i32::MAX as usize;
+        let geometry = [
+            ("height", h),
+            ("width", w),
+            ("input channels", c_in),
+            ("output channels", params.c_out),
+            ("filter height", r),
+            ("filter width", s),
+            ("stride height", stride_h),
+            ("stride width", stride_w),
+            ("dilation height", dil_h),
+            ("dilation width", dil_w),
+            ("padding top", pad_top),
+            ("padding bottom", pad_bottom),
+            ("padding left", pad_left),
+            ("padding right", pad_right),
+        ];
+        if let Some((name, value)) = geometry.iter().find(|(_, v)| *v > index_limit) {
+            return Err(invalid(format!(
+                "{name} {value} exceeds the kernels' 32-bit index range ({index_limit})"
+            )));
+        }
         let span_h = dil_h * (r - 1) + 1;
         let span_w = dil_w * (s - 1) + 1;
         let padded_h = h + pad_top + pad_bottom;
@@ -147,15 +172,22 @@ impl ConvShapeMeta {
         }
         let h_out = (padded_h - span_h) / stride_h + 1;
         let w_out = (padded_w - span_w) / stride_w + 1;
-        let too_big = [
-            n * h_out * w_out,
-            r * s * c_in,
-            n * h * w * c_in,
-            r * s * c_in * params.c_out,
+        let product = |values: &[usize]| {
+            values
+                .iter()
+                .try_fold(1usize, |acc, &v| acc.checked_mul(v))
+                .filter(|&p| p <= index_limit)
+        };
+        let fits = [
+            &[span_h][..],
+            &[span_w],
+            &[n, h_out, w_out, params.c_out],
+            &[r, s, c_in, params.c_out],
+            &[n, h, w, c_in],
         ]
         .iter()
-        .any(|&v| v > u32::MAX as usize / 2);
-        if too_big {
+        .all(|values| product(values).is_some());
+        if !fits {
             return Err(invalid(
                 "exceeds the 2^31 element range of the kernels' indices".into(),
             ));

@@ -173,14 +173,14 @@ fn check_length(path: &Path, bytes: usize) -> Result<usize> {
 
 /// The first `count` records of `path`, as NHWC images in [0, 1] and labels.
 fn read_records(path: &Path, count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
-    let mut bytes = Vec::with_capacity(count * RECORD_BYTES);
+    let wanted = count
+        .checked_mul(RECORD_BYTES)
+        .ok_or_else(|| dataset_err(path, None, format!("{count} records overflow usize")))?;
+    let mut bytes = Vec::with_capacity(wanted);
     std::fs::File::open(path)
-        .and_then(|file| {
-            file.take((count * RECORD_BYTES) as u64)
-                .read_to_end(&mut bytes)
-        })
+        .and_then(|file| file.take(wanted as u64).read_to_end(&mut bytes))
         .map_err(|e| dataset_err(path, None, format!("cannot read ({e})")))?;
-    if bytes.len() != count * RECORD_BYTES {
+    if bytes.len() != wanted {
         // The file shrank since its size was checked.
         check_length(path, bytes.len())?;
         return Err(dataset_err(
@@ -189,6 +189,14 @@ fn read_records(path: &Path, count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
             "the file ended early while it was read",
         ));
     }
+    decode_batch(path, &bytes)
+}
+
+/// Every record of one batch file's contents `bytes` (read from `path`, which
+/// only names the file in errors), as NHWC images in [0, 1] and labels. The
+/// same checks as [`load_cifar10`]: whole records, at least one, labels 0..9.
+pub fn decode_batch(path: &Path, bytes: &[u8]) -> Result<(Vec<f32>, Vec<u32>)> {
+    let count = check_length(path, bytes.len())?;
     let mut labels = Vec::with_capacity(count);
     for (record, chunk) in bytes.chunks_exact(RECORD_BYTES).enumerate() {
         let label = chunk[0];
@@ -217,17 +225,23 @@ fn read_records(path: &Path, count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
     Ok((images, labels))
 }
 
-/// The ten names of `batches.meta.txt` (one a line, blank lines ignored), or
-/// the standard names when the file is absent.
+/// The ten names of `batches.meta.txt`, or the standard names when the file
+/// is absent.
 fn read_class_names(path: &Path) -> Result<Vec<String>> {
-    let text = match std::fs::read(path) {
-        Ok(bytes) => String::from_utf8(bytes)
-            .map_err(|_| dataset_err(path, None, "class names are not UTF-8 text"))?,
+    match std::fs::read(path) {
+        Ok(bytes) => parse_class_names(path, &bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(CLASS_NAMES.iter().map(|s| s.to_string()).collect());
+            Ok(CLASS_NAMES.iter().map(|s| s.to_string()).collect())
         }
-        Err(e) => return Err(dataset_err(path, None, format!("cannot read ({e})"))),
-    };
+        Err(e) => Err(dataset_err(path, None, format!("cannot read ({e})"))),
+    }
+}
+
+/// The class names in the contents `bytes` of `batches.meta.txt` (read from
+/// `path`, named in errors): UTF-8, one a line, blank lines ignored, exactly ten.
+pub fn parse_class_names(path: &Path, bytes: &[u8]) -> Result<Vec<String>> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| dataset_err(path, None, "class names are not UTF-8 text"))?;
     let names: Vec<String> = text
         .lines()
         .map(str::trim)

@@ -52,6 +52,7 @@ impl GpuContext {
         params: &[u8],
         workgroups: [u32; 3],
     ) -> Result<()> {
+        self.check_faults(label)?;
         let limit = self.caps().limits.max_compute_workgroups_per_dimension;
         if let Some(&too_many) = workgroups.iter().find(|&&w| w > limit) {
             return Err(AetherError::TooLarge {

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::batch::Batch;
 
 use super::caps::GpuCapabilities;
+use super::faults::Faults;
 use super::options::GpuOptions;
 use super::pipelines::PipelineCache;
 use super::pool::BufferPool;
@@ -19,6 +20,7 @@ pub struct GpuContext {
     pipelines: PipelineCache,
     pool: BufferPool,
     batch: Mutex<Batch>,
+    faults: Arc<Faults>,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -73,11 +75,12 @@ impl GpuContext {
         } else {
             wgpu::ExperimentalFeatures::disabled()
         };
+        // The defaults cap storage bindings at 128 MiB; big batches need the real limits.
+        let limits = options.limits(adapter.limits());
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("aether"),
             required_features: features,
-            // The defaults cap storage bindings at 128 MiB; big batches need the real limits.
-            required_limits: adapter.limits(),
+            required_limits: options.device_limits(&limits),
             experimental_features: experimental,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
@@ -86,7 +89,9 @@ impl GpuContext {
             adapter: info.name.clone(),
             source,
         })?;
-        let caps = GpuCapabilities::read(&adapter, features, coop_disabled);
+        let faults = Faults::watch(&device);
+        let mut caps = GpuCapabilities::read(&adapter, features, coop_disabled);
+        caps.limits = limits;
         let pipelines = PipelineCache::new(
             &device,
             &info,
@@ -101,6 +106,7 @@ impl GpuContext {
             pipelines,
             pool: BufferPool::default(),
             batch: Mutex::default(),
+            faults,
         }))
     }
 
@@ -128,14 +134,27 @@ impl GpuContext {
         self.batch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Blocks until all submitted work is done.
+    /// Blocks until all submitted work is done; a lost device or an error
+    /// raised by that work is returned here.
     pub fn wait_idle(&self) -> Result<()> {
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map(|_| ())
-            .map_err(|e| AetherError::Gpu {
+        if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
+            self.check_faults("wait")?;
+            return Err(AetherError::Gpu {
                 during: "wait",
                 message: e.to_string(),
-            })
+            });
+        }
+        self.check_faults("wait")
+    }
+
+    /// `Err` once the device is lost ([`AetherError::DeviceLost`]), or when
+    /// wgpu raised an error outside any error scope since the last check.
+    pub fn check_faults(&self, during: &'static str) -> Result<()> {
+        self.faults.check(during)
+    }
+
+    /// True once the device is lost.
+    pub fn is_lost(&self) -> bool {
+        self.faults.is_lost()
     }
 }

@@ -4,6 +4,7 @@
 mod batch;
 mod caps;
 mod context;
+mod faults;
 mod grid;
 mod options;
 mod pipelines;

@@ -44,6 +44,15 @@ pub struct GpuOptions {
     /// (`"kernel"` or `"kernel:variant"`) get invalid WGSL, so they really fail to
     /// compile and the caller's fallback runs.
     pub break_kernels: Vec<String>,
+    /// Caps every buffer and storage binding at this many bytes, below the
+    /// adapter's own limits: leaves memory to other applications, and lets
+    /// tests reach the batch-splitting paths with small tensors.
+    pub max_buffer_bytes: Option<u64>,
+    /// Fault injection for tests of the allocation-failure path: the device
+    /// refuses buffers over this many bytes while aether's own checks keep the
+    /// adapter's limits, so such an allocation really fails inside wgpu, in an
+    /// error scope, as a driver out of memory would.
+    pub fail_allocations_over: Option<u64>,
 }
 
 impl GpuOptions {
@@ -66,7 +75,34 @@ impl GpuOptions {
             disable_coop,
             cache_dir,
             break_kernels: Vec::new(),
+            max_buffer_bytes: None,
+            fail_allocations_over: None,
         })
+    }
+
+    /// The limits aether works within on an adapter with `adapter` limits:
+    /// those, with buffers capped by [`max_buffer_bytes`](Self::max_buffer_bytes).
+    pub fn limits(&self, adapter: wgpu::Limits) -> wgpu::Limits {
+        let Some(cap) = self.max_buffer_bytes else {
+            return adapter;
+        };
+        wgpu::Limits {
+            max_buffer_size: adapter.max_buffer_size.min(cap),
+            max_storage_buffer_binding_size: adapter.max_storage_buffer_binding_size.min(cap),
+            ..adapter
+        }
+    }
+
+    /// The limits the device is requested with: `limits`, lowered further by
+    /// [`fail_allocations_over`](Self::fail_allocations_over).
+    pub(crate) fn device_limits(&self, limits: &wgpu::Limits) -> wgpu::Limits {
+        let mut device = limits.clone();
+        if let Some(bytes) = self.fail_allocations_over {
+            device.max_buffer_size = device.max_buffer_size.min(bytes);
+            device.max_storage_buffer_binding_size =
+                device.max_storage_buffer_binding_size.min(bytes);
+        }
+        device
     }
 }
 
