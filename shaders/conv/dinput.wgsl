@@ -5,8 +5,8 @@
 // zero-fill.
 //   rows: (n, h, w) of the class; cols: c_in; reduction: (tap r, tap s, c_out).
 
-@group(0) @binding(0) var<storage, read> dy: array<operand_word>;
-@group(0) @binding(1) var<storage, read> w: array<operand_word>;
+@group(0) @binding(0) var<storage, read> dy: array<operand>;
+@group(0) @binding(1) var<storage, read> w: array<operand>;
 @group(0) @binding(2) var<storage, read_write> dx: array<f32>;
 
 struct Params {
@@ -109,7 +109,7 @@ fn load_a(z: u32, row: u32, red: u32) -> f32 {
     if (offset < 0) {
         return 0.0;
     }
-    return f32(dy_at(u32(offset)));
+    return f32(dy[offset]);
 }
 
 fn w_offset(z: u32, red: u32, col: u32) -> u32 {
@@ -118,7 +118,7 @@ fn w_offset(z: u32, red: u32, col: u32) -> u32 {
 }
 
 fn load_b(z: u32, red: u32, col: u32) -> f32 {
-    return f32(w_at(w_offset(z, red, col)));
+    return f32(w[w_offset(z, red, col)]);
 }
 
 // Runs for the coop core: both operands along the reduction, whose fastest

@@ -2,8 +2,8 @@
 // slice of the M reduction. Row K is a row of ones, so it holds sum(dY): dbias,
 // fused into the same GEMM. Pass 2 (dweight_reduce) sums the slices in order.
 
-@group(0) @binding(0) var<storage, read> x: array<operand_word>;
-@group(0) @binding(1) var<storage, read> dy: array<operand_word>;
+@group(0) @binding(0) var<storage, read> x: array<operand>;
+@group(0) @binding(1) var<storage, read> dy: array<operand>;
 @group(0) @binding(2) var<storage, read_write> partial: array<f32>;
 
 struct Params {
@@ -35,7 +35,7 @@ fn load_a(z: u32, row: u32, red: u32) -> f32 {
 }
 
 fn load_b(z: u32, red: u32, col: u32) -> f32 {
-    return f32(dy_at(red * C_OUT + col));
+    return f32(dy[red * C_OUT + col]);
 }
 
 // Runs for the coop core: A along its rows (channels of a tap, then the row of

@@ -1,7 +1,7 @@
 // Forward: Out[M, C_out] = im2col(X)[M, K] x W[K, C_out] + bias, no im2col buffer.
 
-@group(0) @binding(0) var<storage, read> x: array<operand_word>;
-@group(0) @binding(1) var<storage, read> w: array<operand_word>;
+@group(0) @binding(0) var<storage, read> x: array<operand>;
+@group(0) @binding(1) var<storage, read> w: array<operand>;
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
@@ -27,7 +27,7 @@ fn load_a(z: u32, row: u32, red: u32) -> f32 {
 }
 
 fn load_b(z: u32, red: u32, col: u32) -> f32 {
-    return f32(w_at(red * C_OUT + col));
+    return f32(w[red * C_OUT + col]);
 }
 
 // Runs for the coop core: A along K (channels of a tap), B along C_out.

@@ -22,7 +22,7 @@ fn im2col(m: u32, k: u32) -> f32 {
     if (offset < 0) {
         return 0.0;
     }
-    return f32(x_at(u32(offset)));
+    return f32(x[offset]);
 }
 
 // Elements (m, k .. k + 7): 8 consecutive input channels of one tap, one index

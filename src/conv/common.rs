@@ -380,42 +380,11 @@ pub(crate) struct GemmRuns {
 /// Elements per run load in the coop core (`RUN` in coop_gemm.wgsl).
 pub(crate) const GEMM_RUN: usize = 8;
 
-/// WGSL readers of the operand binding `name`: `{name}_at(i)`, one element,
-/// and `{name}_run(offset)`, the [`GEMM_RUN`] elements from `offset` (zeros
-/// where `offset` is -1: padding). The coop variant declares operands as
-/// 16-byte words (`operand_word = Word8`, 8 f16 each) so a run is one wide
-/// load, not 8 narrow ones; runs start at multiples of 8 there, which the run
-/// conditions ([`GemmRuns::fits`]) guarantee.
-fn operand_readers(name: &str, words: bool) -> String {
-    if words {
-        format!(
-            "fn {name}_at(i: u32) -> operand {{
-    let word = {name}[i / 8u];
-    let j = i % 4u;
-    return select(word.lo[j], word.hi[j], i % 8u >= 4u);
-}}
-
-fn {name}_run(offset: i32) -> array<operand, 8> {{
-    var run: array<operand, 8>;
-    if (offset < 0) {{
-        return run;
-    }}
-    let word = {name}[u32(offset) / 8u];
-    for (var j = 0u; j < 4u; j++) {{
-        run[j] = word.lo[j];
-        run[j + 4u] = word.hi[j];
-    }}
-    return run;
-}}
-"
-        )
-    } else {
-        format!(
-            "fn {name}_at(i: u32) -> operand {{
-    return {name}[i];
-}}
-
-fn {name}_run(offset: i32) -> array<operand, 8> {{
+/// WGSL `{name}_run(offset)`: the 8 elements of binding `name` from `offset`,
+/// or zeros where `offset` is -1 (padding).
+fn run_reader(name: &str) -> String {
+    format!(
+        "fn {name}_run(offset: i32) -> array<operand, 8> {{
     var run: array<operand, 8>;
     if (offset < 0) {{
         return run;
@@ -426,8 +395,7 @@ fn {name}_run(offset: i32) -> array<operand, 8> {{
     return run;
 }}
 "
-        )
-    }
+    )
 }
 
 impl ConvKernel {
@@ -444,8 +412,7 @@ impl ConvKernel {
         let mut parts: Vec<&str> = self.parts.to_vec();
         let (coop_core, readers);
         if let Some(runs) = &self.gemm {
-            let words = matches!(variant, ConvVariant::Coop { .. });
-            readers = operand_readers(runs.a, words) + &operand_readers(runs.b, words);
+            readers = run_reader(runs.a) + &run_reader(runs.b);
             parts.push(&readers);
             match variant {
                 ConvVariant::Coop { tile } => {
@@ -706,15 +673,6 @@ pub fn shader_source(variant: ConvVariant, parts: &[&str]) -> String {
     }
     let operand = if variant.f16_operands() { "f16" } else { "f32" };
     src.push_str(&format!("alias operand = {operand};\n"));
-    // How GEMM operand bindings are declared: 8 f16 per element for coop (see
-    // `operand_readers`), one operand otherwise.
-    if matches!(variant, ConvVariant::Coop { .. }) {
-        src.push_str(
-            "struct Word8 { lo: vec4<f16>, hi: vec4<f16> }\nalias operand_word = Word8;\n",
-        );
-    } else {
-        src.push_str(&format!("alias operand_word = {operand};\n"));
-    }
     src.push_str(SHADER_PRELUDE);
     for part in parts {
         src.push('\n');
