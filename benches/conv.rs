@@ -199,5 +199,10 @@ fn conv(c: &mut Criterion) {
     bench_variant(c, &Device::Cpu, None);
 }
 
-criterion::criterion_group!(benches, conv);
+criterion::criterion_group! {
+    name = benches;
+    // No plots: the plotters backend needs system fonts a headless GPU host lacks.
+    config = Criterion::default().without_plots();
+    targets = conv
+}
 criterion::criterion_main!(benches);

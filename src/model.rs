@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::conv::{ConvDirection, ConvLaunchPlan, ConvShapeMeta};
+use crate::conv::PlannedLaunch;
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::nn::{Layer, LayerSpec, Mode};
@@ -371,7 +371,7 @@ impl Model {
 
     /// For every layer on the conv kernels: its index and the launch plans
     /// (direction, shape, variant) it has used so far.
-    pub fn conv_plans(&self) -> Vec<(usize, Vec<(ConvDirection, ConvShapeMeta, ConvLaunchPlan)>)> {
+    pub fn conv_plans(&self) -> Vec<(usize, Vec<PlannedLaunch>)> {
         self.layers
             .iter()
             .enumerate()

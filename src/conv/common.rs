@@ -436,6 +436,9 @@ impl ConvKernel {
     }
 }
 
+/// A plan as [`ConvPlans::summary`] reports it: direction, shape, plan.
+pub type PlannedLaunch = (ConvDirection, ConvShapeMeta, ConvLaunchPlan);
+
 /// Launch plans of one layer, computed once per (direction, shape) and reused.
 /// A forced variant pins every plan to it (for tests and comparison runs).
 #[derive(Default)]
@@ -491,7 +494,7 @@ impl ConvPlans {
 
     /// The plans made so far with the shapes (batch included) they were made
     /// for, for logs and profiles ("which kernel variants are in use").
-    pub fn summary(&self) -> Vec<(ConvDirection, ConvShapeMeta, ConvLaunchPlan)> {
+    pub fn summary(&self) -> Vec<PlannedLaunch> {
         let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
         plans.iter().map(|((d, m), p)| (*d, *m, *p)).collect()
     }

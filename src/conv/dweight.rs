@@ -57,18 +57,13 @@ pub fn estimated_compute_units(caps: &GpuCapabilities) -> u32 {
     }
 }
 
-/// Workgroups per compute unit the split aims for. The seed's rule aimed for 2
-/// (4 when the 2-D grid is one workgroup); with 4-warp coop workgroups that left
-/// the H200 at 8 resident warps per SM and dweight the slowest direction, so the
-/// aim is 4x higher (docs/perf-notes.md has the measurement).
-const SPLIT_K_OCCUPANCY: u32 = 8;
-
-/// The split-K rule: aim for `SPLIT_K_OCCUPANCY` (twice that when the 2-D grid
-/// is one workgroup) workgroups per compute unit, never more slices than
-/// reduction tiles.
+/// The seed's split-K rule: aim for `(4 if the 2-D grid is one workgroup else 2)`
+/// workgroups per compute unit, never more slices than reduction tiles. (Aiming
+/// 4x higher measured slower on the H200: the reduce pass grew by 0.5 ms and the
+/// GEMM gained nothing; docs/perf-notes.md.)
 pub fn split_k(grid2d: u32, reduction_tiles: u32, compute_units: u32) -> u32 {
-    let per_unit = if grid2d == 1 { 2 } else { 1 } * SPLIT_K_OCCUPANCY;
-    (per_unit * compute_units / grid2d.max(1)).clamp(1, reduction_tiles.max(1))
+    let target = if grid2d == 1 { 4 } else { 2 } * compute_units;
+    (target / grid2d.max(1)).clamp(1, reduction_tiles.max(1))
 }
 
 /// `(dW[R, S, C_in, C_out], dbias[C_out])` of a convolution of NHWC `x` whose

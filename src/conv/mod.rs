@@ -12,6 +12,7 @@ mod im2col;
 pub use cast::{cast_f16, clip_f16_range, conv_backward_cast_fp16};
 pub use common::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
+    PlannedLaunch,
 };
 pub use dinput::conv2d_dinput;
 pub use dweight::conv2d_dweight;
