@@ -262,8 +262,9 @@ impl Model {
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let mut h = x.clone();
-        for layer in &mut self.layers {
-            h = layer.forward(&h, mode)?;
+        for i in 0..self.layers.len() {
+            self.timing_scope(|| format!("{i} {} forward", self.layers[i].spec().kind()));
+            h = self.layers[i].forward(&h, mode)?;
         }
         Ok(h)
     }
@@ -315,11 +316,7 @@ impl Model {
             seed: self.seed,
             step: self.step as u32,
         };
-        let mut out = x.clone();
-        for i in 0..self.layers.len() {
-            self.timing_scope(|| format!("{i} {} forward", self.layers[i].spec().kind()));
-            out = self.layers[i].forward(&out, mode)?;
-        }
+        let out = self.forward(x, mode)?;
         self.timing_scope(|| "loss".into());
         let (loss, dout) = self.loss_and_grad(&out, labels)?;
         let correct = correct_count(&out, labels)?;

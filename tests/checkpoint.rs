@@ -10,8 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use aether::nn::{Dense, Flatten, ReLU};
-use aether::optim::Adam;
-use aether::{AetherError, Checkpoint, Device, Loss, Metric, Model, TrainOptions};
+use aether::{AetherError, Checkpoint, Device, Model, TrainOptions};
 use common::{Rng, report};
 
 /// Set in the child process the kill test starts: the checkpoint path.
@@ -28,16 +27,7 @@ fn model(device: &Device, hidden: usize) -> Model {
         .add(Dense::new(hidden))
         .add(ReLU::default())
         .add(Dense::new(10));
-    model.configure(
-        Loss::SoftmaxCrossEntropy {
-            label_smoothing: 0.0,
-        },
-        Adam::new(1e-3),
-        Metric::CategoricalAccuracy,
-    );
-    model.to(device).unwrap();
-    model.finalize(&INPUT).unwrap();
-    model
+    common::ready_model(model, device, &INPUT)
 }
 
 /// Deterministic training data and probe inputs (the same in parent and child).

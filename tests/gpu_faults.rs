@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use aether::gpu::{DevicePreference, GpuOptions};
 use aether::nn::{Dense, Flatten, ReLU};
-use aether::optim::Adam;
-use aether::{AetherError, Checkpoint, Device, Loss, Metric, Model, Tensor, TrainOptions};
+use aether::{AetherError, Checkpoint, Device, Model, Tensor, TrainOptions};
 use common::{Rng, report, test_gpu_options};
 
 const INPUT: [usize; 3] = [16, 16, 4];
@@ -33,16 +32,7 @@ fn model(device: &Device) -> Model {
         .add(Dense::new(32))
         .add(ReLU::default())
         .add(Dense::new(10));
-    model.configure(
-        Loss::SoftmaxCrossEntropy {
-            label_smoothing: 0.0,
-        },
-        Adam::new(1e-3),
-        Metric::CategoricalAccuracy,
-    );
-    model.to(device).unwrap();
-    model.finalize(&INPUT).unwrap();
-    model
+    common::ready_model(model, device, &INPUT)
 }
 
 /// Runs `work` on another thread and fails the test if it takes longer than a

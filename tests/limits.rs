@@ -11,8 +11,7 @@ mod common;
 use aether::conv::Padding;
 use aether::gpu::DevicePreference;
 use aether::nn::{Conv2d, Dense, GlobalAvgPool, ReLU};
-use aether::optim::Adam;
-use aether::{AetherError, Device, Loss, Metric, Model, Tensor, TrainOptions};
+use aether::{AetherError, Device, Model, Tensor, TrainOptions};
 use common::{Rng, report, test_gpu_options};
 
 /// Real limits above this are not tested here: the host memory and time to
@@ -27,16 +26,7 @@ fn model(device: &Device, input: [usize; 3], conv: bool) -> Model {
             .add(ReLU::default());
     }
     model.add(GlobalAvgPool::default()).add(Dense::new(10));
-    model.configure(
-        Loss::SoftmaxCrossEntropy {
-            label_smoothing: 0.0,
-        },
-        Adam::new(1e-3),
-        Metric::CategoricalAccuracy,
-    );
-    model.to(device).unwrap();
-    model.finalize(&input).unwrap();
-    model
+    common::ready_model(model, device, &input)
 }
 
 /// The buffer limit aether works within on `device`.
@@ -45,6 +35,18 @@ fn buffer_limit(device: &Device) -> u64 {
     limits
         .max_storage_buffer_binding_size
         .min(limits.max_buffer_size)
+}
+
+/// The GPU and its buffer limit, when that limit is small enough to test for
+/// real (lavapipe's 128 MiB); otherwise a visible skip.
+fn gpu_with_a_testable_limit() -> Option<(Device, u64)> {
+    let device = common::gpu()?;
+    let limit = buffer_limit(&device);
+    if limit > REAL_LIMIT_TESTED {
+        common::skip(&format!("the adapter's buffer limit is {limit} bytes"));
+        return None;
+    }
+    Some((device, limit))
 }
 
 fn bits(values: &[f32]) -> Vec<u32> {
@@ -121,14 +123,9 @@ fn inference_splits_batches_at_a_lowered_limit_and_training_refuses_them() {
 
 #[test]
 fn a_tensor_over_the_real_limit_is_refused_naming_it() {
-    let Some(device) = common::gpu() else {
+    let Some((device, limit)) = gpu_with_a_testable_limit() else {
         return;
     };
-    let limit = buffer_limit(&device);
-    if limit > REAL_LIMIT_TESTED {
-        common::skip(&format!("the adapter's buffer limit is {limit} bytes"));
-        return;
-    }
     let len = (limit / 4 + 1) as usize;
     match Tensor::from_f32(vec![len], vec![0.0; len], &device) {
         Err(AetherError::TooLarge {
@@ -145,14 +142,9 @@ fn a_tensor_over_the_real_limit_is_refused_naming_it() {
 
 #[test]
 fn inference_splits_batches_at_the_real_limit() {
-    let Some(device) = common::gpu() else {
+    let Some((device, limit)) = gpu_with_a_testable_limit() else {
         return;
     };
-    let limit = buffer_limit(&device);
-    if limit > REAL_LIMIT_TESTED {
-        common::skip(&format!("the adapter's buffer limit is {limit} bytes"));
-        return;
-    }
     // 32x32x8 f32 samples (32 KiB): a batch of `n` is just over the limit.
     let input = [32, 32, 8];
     let per = 32 * 32 * 8;

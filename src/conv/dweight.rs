@@ -59,7 +59,7 @@ pub fn estimated_compute_units(caps: &GpuCapabilities) -> u32 {
 
 /// The seed's split-K rule: aim for `(4 if the 2-D grid is one workgroup else 2)`
 /// workgroups per compute unit, never more slices than reduction tiles. (Aiming
-/// 4x higher measured slower on the H200: the reduce pass grew by 0.5 ms and the
+/// 4x higher measured slower on the H200: the reduce pass grew by 0.4 ms and the
 /// GEMM gained nothing; docs/perf-notes.md.)
 pub fn split_k(grid2d: u32, reduction_tiles: u32, compute_units: u32) -> u32 {
     let target = if grid2d == 1 { 4 } else { 2 } * compute_units;

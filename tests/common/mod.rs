@@ -11,8 +11,25 @@ pub mod conv_reference;
 use std::io::Write;
 use std::sync::OnceLock;
 
-use aether::Device;
 use aether::gpu::{DevicePreference, GpuOptions};
+use aether::model::{Loss, Metric};
+use aether::optim::Adam;
+use aether::{Device, Model};
+
+/// `model` ready to train: plain softmax cross-entropy and Adam (lr 1e-3), on
+/// `device`, finalized for the per-sample `input` shape.
+pub fn ready_model(mut model: Model, device: &Device, input: &[usize]) -> Model {
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.0,
+        },
+        Adam::new(1e-3),
+        Metric::CategoricalAccuracy,
+    );
+    model.to(device).unwrap();
+    model.finalize(input).unwrap();
+    model
+}
 
 /// Writes straight to stderr, bypassing libtest's capture, so skips and adapter
 /// reports show in a plain `cargo test` run.
