@@ -1,6 +1,7 @@
 //! The conv kernels at the five conv shapes of the v1 CIFAR-10 model and one
 //! large shape (56x56x64 -> 64, 3x3 same), every variant the adapter offers
-//! plus the CPU reference, batch 256 by default.
+//! plus the CPU reference, batch 256 by default; and a 4096^3 GEMM (a 1x1 conv)
+//! on the GPU variants.
 //!
 //!     cargo bench --bench conv                       # everything
 //!     cargo bench --bench conv -- coop16/conv2       # criterion's filter
@@ -22,14 +23,42 @@ use aether::conv::{
 use aether::{Device, Result, Tensor};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
 
-/// (name, H, W, C_in, C_out) of the 3x3 'same' convs benched.
-const SHAPES: [(&str, usize, usize, usize, usize); 6] = [
-    ("conv1", 32, 32, 3, 32),
-    ("conv2", 32, 32, 32, 32),
-    ("conv3", 16, 16, 32, 64),
-    ("conv4", 16, 16, 64, 64),
-    ("conv5", 8, 8, 64, 128),
-    ("large", 56, 56, 64, 64),
+/// One benched conv: 'same' padding, NHWC, the batch from `AETHER_BENCH_BATCH`
+/// unless `batch` fixes it.
+struct BenchShape {
+    name: &'static str,
+    batch: Option<usize>,
+    hwc: (usize, usize, usize),
+    c_out: usize,
+    filter: usize,
+}
+
+const fn conv3x3(name: &'static str, h: usize, w: usize, c_in: usize, c_out: usize) -> BenchShape {
+    BenchShape {
+        name,
+        batch: None,
+        hwc: (h, w, c_in),
+        c_out,
+        filter: 3,
+    }
+}
+
+const SHAPES: [BenchShape; 7] = [
+    conv3x3("conv1", 32, 32, 3, 32),
+    conv3x3("conv2", 32, 32, 32, 32),
+    conv3x3("conv3", 16, 16, 32, 64),
+    conv3x3("conv4", 16, 16, 64, 64),
+    conv3x3("conv5", 8, 8, 64, 128),
+    conv3x3("large", 56, 56, 64, 64),
+    // A 1x1 conv of one 64x64 image, 4096 -> 4096 channels: exactly a
+    // 4096^3 GEMM, the sanity check of the coop core without im2col.
+    BenchShape {
+        name: "gemm4096",
+        batch: Some(1),
+        hwc: (64, 64, 4096),
+        c_out: 4096,
+        filter: 1,
+    },
 ];
 /// Dispatches per timed region (two timestamps each; query sets hold 4096).
 const TIMED_CHUNK: u64 = 256;
@@ -58,8 +87,9 @@ struct Operands {
 }
 
 impl Operands {
-    fn new(device: &Device, n: usize, (h, w, c_in, c_out): (usize, usize, usize, usize)) -> Self {
-        let params = ConvParams::new(c_out, 3, Padding::Same);
+    fn new(device: &Device, n: usize, shape: &BenchShape) -> Self {
+        let (h, w, c_in) = shape.hwc;
+        let params = ConvParams::new(shape.c_out, shape.filter, Padding::Same);
         let meta = ConvShapeMeta::new([n, h, w, c_in], &params).unwrap();
         let t = |dims: [usize; 4], seed| {
             Tensor::from_f32(dims.to_vec(), data(dims.iter().product(), seed), device).unwrap()
@@ -68,7 +98,7 @@ impl Operands {
             params,
             x: t(meta.input_dims(), 1),
             w: t(meta.weight_dims(), 2),
-            bias: Tensor::from_f32(vec![c_out], data(c_out, 3), device).unwrap(),
+            bias: Tensor::from_f32(vec![shape.c_out], data(shape.c_out, 3), device).unwrap(),
             dy: t(meta.output_dims(), 4),
             meta,
         }
@@ -135,14 +165,14 @@ fn bench(
 fn bench_variant(c: &mut Criterion, device: &Device, variant: Option<ConvVariant>) {
     let label = variant.map_or("cpu", ConvVariant::name);
     let plans = variant.map_or_else(ConvPlans::new, ConvPlans::forcing);
-    let n = batch_size();
-    for (shape_name, h, w, c_in, c_out) in SHAPES {
-        if variant.is_none() && shape_name == "large" {
+    for shape in &SHAPES {
+        if variant.is_none() && matches!(shape.name, "large" | "gemm4096") {
             continue; // minutes per iteration on a laptop-class CPU
         }
-        let f32_ops = Operands::new(device, n, (h, w, c_in, c_out));
+        let n = shape.batch.unwrap_or_else(batch_size);
+        let f32_ops = Operands::new(device, n, shape);
         let ops = f32_ops.for_variant(variant);
-        let mut group = c.benchmark_group(format!("{label}/{shape_name}_b{n}"));
+        let mut group = c.benchmark_group(format!("{label}/{}_b{n}", shape.name));
         group
             .sample_size(10)
             .sampling_mode(SamplingMode::Flat)

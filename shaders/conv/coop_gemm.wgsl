@@ -5,153 +5,192 @@
 // B_RUNS_ALONG_K say which), so the index arithmetic is done once per 8
 // elements. The host sets RUN_A / RUN_B to 8 when the shape keeps every run
 // inside one contiguous, in-bounds span (channel counts divisible by 8), else 1
-// (element loads). `coop_matTxT` is replaced by the adapter's tile (8 or 16).
+// (element loads).
 //
-// A workgroup of 4 subgroups (2 x 2) computes a BM x BN block; each subgroup owns
-// 2 x 2 tiles of T x T. Per step the workgroup gathers a BM x BK slice of A and a
-// BK x BN slice of B into workgroup memory as f16 (zeros outside the matrix), the
-// subgroups multiply-accumulate in f32, and the result goes back through
-// workgroup memory so edge tiles are written with predicated stores only: no
-// access outside any buffer.
+// The block geometry is written in by the host (src/conv/coop.rs) as constants:
+// T (the adapter's tile, 8 or 16), SUBGROUP, SG_M x SG_N subgroups each owning
+// TM x TN tiles, and KT tiles of reduction per step. So are the three generated
+// pieces marked `// generated:` below (declaring, multiplying and storing the
+// TM x TN accumulators, which WGSL cannot hold in an indexable array).
+//
+// Each step, the workgroup stages a BM x BK slice of A and a BK x BN slice of B
+// in workgroup memory as f16 (zeros outside the matrix) and the subgroups
+// multiply-accumulate in f32. The next slice is fetched from global memory into
+// registers while the current one is multiplied, so load latency overlaps the
+// MMAs. Rows in workgroup memory are padded by 8 halves (16 bytes): rows stay
+// 16-byte aligned for the matrix loads and successive rows start in different
+// banks. Results go out one tile at a time through a per-subgroup scratch tile,
+// so edge tiles are written with predicated stores only: no access outside any
+// buffer.
 
-override SUBGROUP: u32;
 override RUN_A: u32;
 override RUN_B: u32;
 
-const T: u32 = TILE_SIZEu;
-const TILES: u32 = 2u;
-const BM: u32 = 2u * TILES * T;
-const BN: u32 = 2u * TILES * T;
-const BK: u32 = 2u * T;
-const RUN: u32 = 8u;
+const BM: u32 = SG_M * TM * T;
+const BN: u32 = SG_N * TN * T;
+const BK: u32 = KT * T;
+const THREADS: u32 = SG_M * SG_N * SUBGROUP;
+// Elements staged per group: a run, or 8 single loads along the same axis.
+const GROUP: u32 = 8u;
+const LDA: u32 = BK + 8u;
+const LDB: u32 = BN + 8u;
+const LDC: u32 = T + 4u;
+const A_GROUPS: u32 = BM * BK / GROUP;
+const B_GROUPS: u32 = BK * BN / GROUP;
+const A_SLOTS: u32 = (A_GROUPS + THREADS - 1u) / THREADS;
+const B_SLOTS: u32 = (B_GROUPS + THREADS - 1u) / THREADS;
 
-var<workgroup> stage_a: array<f16, BM * BK>; // row-major [BM][BK]
-var<workgroup> stage_b: array<f16, BK * BN>; // row-major [BK][BN]
-var<workgroup> stage_c: array<f32, BM * BN>; // row-major [BM][BN]
+var<workgroup> stage_a: array<f16, BM * LDA>; // [BM][LDA]
+var<workgroup> stage_b: array<f16, BK * LDB>; // [BK][LDB]
+var<workgroup> stage_c: array<f32, SG_M * SG_N * T * LDC>; // one [T][LDC] per subgroup
 
-// Gathers A[row0.., k0..] into stage_a.
-fn stage_a_slice(z: u32, row0: u32, k0: u32, rows: u32, k_end: u32, lidx: u32, threads: u32) {
-    if (RUN_A == 1u) {
-        for (var idx = lidx; idx < BM * BK; idx += threads) {
-            let m = idx / BK;
-            let k = idx % BK;
-            var a = 0.0;
-            if (row0 + m < rows && k0 + k < k_end) {
-                a = f32(load_a(z, row0 + m, k0 + k));
-            }
-            stage_a[idx] = f16(a);
-        }
-        return;
+alias Group = array<f16, GROUP>;
+
+// Group g of the A slice: its first element (m, k) within the block.
+fn a_group_origin(g: u32) -> vec2<u32> {
+    if (A_RUNS_ALONG_K) {
+        return vec2<u32>(g / (BK / GROUP), (g % (BK / GROUP)) * GROUP);
     }
-    for (var v = lidx; v < BM * BK / RUN; v += threads) {
-        // Consecutive threads take consecutive runs along the contiguous axis.
-        var m: u32;
-        var k: u32;
-        if (A_RUNS_ALONG_K) {
-            m = v / (BK / RUN);
-            k = (v % (BK / RUN)) * RUN;
-        } else {
-            k = v / (BM / RUN);
-            m = (v % (BM / RUN)) * RUN;
+    return vec2<u32>((g % (BM / GROUP)) * GROUP, g / (BM / GROUP));
+}
+
+// Group g of the B slice: its first element (k, n) within the block.
+fn b_group_origin(g: u32) -> vec2<u32> {
+    if (B_RUNS_ALONG_K) {
+        return vec2<u32>((g % (BK / GROUP)) * GROUP, g / (BK / GROUP));
+    }
+    return vec2<u32>(g / (BN / GROUP), (g % (BN / GROUP)) * GROUP);
+}
+
+// Reads this thread's groups of A[row0.., k0..] from global memory.
+fn fetch_a(regs: ptr<function, array<Group, A_SLOTS>>, z: u32, row0: u32, k0: u32, rows: u32, k_end: u32, lidx: u32) {
+    for (var s = 0u; s < A_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        let o = a_group_origin(g);
+        var group: Group;
+        if (RUN_A == GROUP) {
+            if (g < A_GROUPS && row0 + o.x < rows && k0 + o.y < k_end) {
+                let run = load_a_run(z, row0 + o.x, k0 + o.y);
+                for (var j = 0u; j < GROUP; j++) {
+                    group[j] = f16(run[j]);
+                }
+            }
+        } else if (g < A_GROUPS) {
+            for (var j = 0u; j < GROUP; j++) {
+                let m = row0 + o.x + select(j, 0u, A_RUNS_ALONG_K);
+                let k = k0 + o.y + select(0u, j, A_RUNS_ALONG_K);
+                if (m < rows && k < k_end) {
+                    group[j] = f16(load_a(z, m, k));
+                }
+            }
         }
-        var run: array<operand, 8>;
-        if (row0 + m < rows && k0 + k < k_end) {
-            run = load_a_run(z, row0 + m, k0 + k);
+        (*regs)[s] = group;
+    }
+}
+
+// Reads this thread's groups of B[k0.., col0..] from global memory.
+fn fetch_b(regs: ptr<function, array<Group, B_SLOTS>>, z: u32, col0: u32, k0: u32, cols: u32, k_end: u32, lidx: u32) {
+    for (var s = 0u; s < B_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        let o = b_group_origin(g);
+        var group: Group;
+        if (RUN_B == GROUP) {
+            if (g < B_GROUPS && k0 + o.x < k_end && col0 + o.y < cols) {
+                let run = load_b_run(z, k0 + o.x, col0 + o.y);
+                for (var j = 0u; j < GROUP; j++) {
+                    group[j] = f16(run[j]);
+                }
+            }
+        } else if (g < B_GROUPS) {
+            for (var j = 0u; j < GROUP; j++) {
+                let k = k0 + o.x + select(0u, j, B_RUNS_ALONG_K);
+                let n = col0 + o.y + select(j, 0u, B_RUNS_ALONG_K);
+                if (k < k_end && n < cols) {
+                    group[j] = f16(load_b(z, k, n));
+                }
+            }
         }
-        for (var j = 0u; j < RUN; j++) {
-            if (A_RUNS_ALONG_K) {
-                stage_a[m * BK + k + j] = f16(run[j]);
-            } else {
-                stage_a[(m + j) * BK + k] = f16(run[j]);
+        (*regs)[s] = group;
+    }
+}
+
+fn stage_a_groups(regs: ptr<function, array<Group, A_SLOTS>>, lidx: u32) {
+    for (var s = 0u; s < A_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        if (g < A_GROUPS) {
+            let o = a_group_origin(g);
+            for (var j = 0u; j < GROUP; j++) {
+                if (A_RUNS_ALONG_K) {
+                    stage_a[o.x * LDA + o.y + j] = (*regs)[s][j];
+                } else {
+                    stage_a[(o.x + j) * LDA + o.y] = (*regs)[s][j];
+                }
             }
         }
     }
 }
 
-// Gathers B[k0.., col0..] into stage_b.
-fn stage_b_slice(z: u32, col0: u32, k0: u32, cols: u32, k_end: u32, lidx: u32, threads: u32) {
-    if (RUN_B == 1u) {
-        for (var idx = lidx; idx < BK * BN; idx += threads) {
-            let k = idx / BN;
-            let n = idx % BN;
-            var b = 0.0;
-            if (k0 + k < k_end && col0 + n < cols) {
-                b = f32(load_b(z, k0 + k, col0 + n));
-            }
-            stage_b[idx] = f16(b);
-        }
-        return;
-    }
-    for (var v = lidx; v < BK * BN / RUN; v += threads) {
-        var k: u32;
-        var n: u32;
-        if (B_RUNS_ALONG_K) {
-            n = v / (BK / RUN);
-            k = (v % (BK / RUN)) * RUN;
-        } else {
-            k = v / (BN / RUN);
-            n = (v % (BN / RUN)) * RUN;
-        }
-        var run: array<operand, 8>;
-        if (k0 + k < k_end && col0 + n < cols) {
-            run = load_b_run(z, k0 + k, col0 + n);
-        }
-        for (var j = 0u; j < RUN; j++) {
-            if (B_RUNS_ALONG_K) {
-                stage_b[(k + j) * BN + n] = f16(run[j]);
-            } else {
-                stage_b[k * BN + n + j] = f16(run[j]);
+fn stage_b_groups(regs: ptr<function, array<Group, B_SLOTS>>, lidx: u32) {
+    for (var s = 0u; s < B_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        if (g < B_GROUPS) {
+            let o = b_group_origin(g);
+            for (var j = 0u; j < GROUP; j++) {
+                if (B_RUNS_ALONG_K) {
+                    stage_b[(o.x + j) * LDB + o.y] = (*regs)[s][j];
+                } else {
+                    stage_b[o.x * LDB + o.y + j] = (*regs)[s][j];
+                }
             }
         }
     }
 }
 
-@compute @workgroup_size(4u * SUBGROUP)
+// Writes one accumulator tile (scratch holds it) to C at block tile (ti, tj).
+fn store_tile(z: u32, row: u32, col: u32, rows: u32, cols: u32, scratch: u32, lane: u32) {
+    for (var e = lane; e < T * T; e += SUBGROUP) {
+        let r = e / T;
+        let c = e % T;
+        if (row + r < rows && col + c < cols) {
+            store_c(z, row + r, col + c, stage_c[scratch + r * LDC + c]);
+        }
+    }
+}
+
+@compute @workgroup_size(THREADS)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lidx: u32,
     @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
 ) {
     let z = wid.z;
     let row0 = wid.x * BM;
     let col0 = wid.y * BN;
-    let threads = 4u * SUBGROUP;
     let rows = gemm_rows(z);
     let cols = gemm_cols();
     let range = reduction_range(z);
-    // This subgroup's 2T x 2T corner of the block.
-    let sub_row = (sg / 2u) * TILES * T;
-    let sub_col = (sg % 2u) * TILES * T;
-    var acc00 = coop_matTxT<f32, C>();
-    var acc01 = coop_matTxT<f32, C>();
-    var acc10 = coop_matTxT<f32, C>();
-    var acc11 = coop_matTxT<f32, C>();
+    // This subgroup's TM*T x TN*T corner of the block.
+    let sub_row = (sg / SG_N) * TM * T;
+    let sub_col = (sg % SG_N) * TN * T;
+    // generated: accumulators acc_i_j
+    var regs_a: array<Group, A_SLOTS>;
+    var regs_b: array<Group, B_SLOTS>;
+    fetch_a(&regs_a, z, row0, range.x, rows, range.y, lidx);
+    fetch_b(&regs_b, z, col0, range.x, cols, range.y, lidx);
     for (var k0 = range.x; k0 < range.y; k0 += BK) {
-        stage_a_slice(z, row0, k0, rows, range.y, lidx, threads);
-        stage_b_slice(z, col0, k0, cols, range.y, lidx, threads);
+        stage_a_groups(&regs_a, lidx);
+        stage_b_groups(&regs_b, lidx);
         workgroupBarrier();
+        if (k0 + BK < range.y) {
+            fetch_a(&regs_a, z, row0, k0 + BK, rows, range.y, lidx);
+            fetch_b(&regs_b, z, col0, k0 + BK, cols, range.y, lidx);
+        }
         for (var kk = 0u; kk < BK; kk += T) {
-            let a0 = coopLoadT<coop_matTxT<f16, A>>(&stage_a[sub_row * BK + kk], BK);
-            let a1 = coopLoadT<coop_matTxT<f16, A>>(&stage_a[(sub_row + T) * BK + kk], BK);
-            let b0 = coopLoadT<coop_matTxT<f16, B>>(&stage_b[kk * BN + sub_col], BN);
-            let b1 = coopLoadT<coop_matTxT<f16, B>>(&stage_b[kk * BN + sub_col + T], BN);
-            acc00 = coopMultiplyAdd(a0, b0, acc00);
-            acc01 = coopMultiplyAdd(a0, b1, acc01);
-            acc10 = coopMultiplyAdd(a1, b0, acc10);
-            acc11 = coopMultiplyAdd(a1, b1, acc11);
+            // generated: TM loads of A, TN loads of B, TM*TN multiply-adds
         }
         workgroupBarrier();
     }
-    coopStoreT(acc00, &stage_c[sub_row * BN + sub_col], BN);
-    coopStoreT(acc01, &stage_c[sub_row * BN + sub_col + T], BN);
-    coopStoreT(acc10, &stage_c[(sub_row + T) * BN + sub_col], BN);
-    coopStoreT(acc11, &stage_c[(sub_row + T) * BN + sub_col + T], BN);
-    workgroupBarrier();
-    for (var idx = lidx; idx < BM * BN; idx += threads) {
-        let m = idx / BN;
-        let n = idx % BN;
-        if (row0 + m < rows && col0 + n < cols) {
-            store_c(z, row0 + m, col0 + n, stage_c[idx]);
-        }
-    }
+    let scratch = sg * T * LDC;
+    // generated: per tile, coopStore into scratch, barrier, store_tile, barrier
 }

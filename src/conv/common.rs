@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::coop::CoopBlock;
 use crate::diagnostics::warn_once;
 use crate::gpu::{GpuCapabilities, GpuContext, PipelineKey};
 use crate::tensor::{DType, Tensor};
@@ -293,8 +294,9 @@ impl ConvVariant {
     pub fn candidates(caps: &GpuCapabilities) -> Vec<Self> {
         let mut out = Vec::new();
         if caps.shader_f16 {
+            // The coop core's workgroup is whole subgroups: their size must be fixed.
             if let Some(tile) = caps.coop_f16_f32_tile()
-                && coop_fits(caps, tile)
+                && caps.subgroup_size.is_some_and(|(min, max)| min == max)
             {
                 out.push(Self::Coop { tile });
             }
@@ -305,32 +307,11 @@ impl ConvVariant {
     }
 }
 
-/// Whether the cooperative-matrix core can run at `tile` on this adapter: it
-/// needs one fixed subgroup size (the workgroup is 4 subgroups) and room for its
-/// workgroup staging buffers.
-fn coop_fits(caps: &GpuCapabilities, tile: u32) -> bool {
-    let Some((min, max)) = caps.subgroup_size else {
-        return false;
-    };
-    let (bm, bk) = (4 * tile, 2 * tile);
-    let staging = (bm * bk * 2) * 2 + bm * bm * 4;
-    min == max
-        && 4 * max <= caps.limits.max_compute_invocations_per_workgroup
-        && staging <= caps.limits.max_compute_workgroup_storage_size
-}
-
 impl ConvVariant {
-    /// Output rows and columns per workgroup, and the reduction depth per step.
-    /// (A 4 x 1 subgroup layout for outputs at most two tiles wide was measured
-    /// slower on the H200 than 2 x 2 with half the columns idle: conv2 forward
-    /// 1.09 ms against 0.87 ms, so the coop block is always 2 x 2 subgroups.)
-    pub fn block(self) -> (u32, u32, u32) {
-        match self {
-            Self::Coop { tile } => (4 * tile, 4 * tile, 2 * tile),
-            Self::PortableF16 | Self::PortableF32 => {
-                (PORTABLE_TILE, PORTABLE_TILE, PORTABLE_TILE_K)
-            }
-        }
+    /// Output rows and columns per workgroup, and the reduction depth per step,
+    /// of the portable variants (the coop block is chosen per shape: [`CoopBlock`]).
+    fn portable_block() -> (u32, u32, u32) {
+        (PORTABLE_TILE, PORTABLE_TILE, PORTABLE_TILE_K)
     }
 }
 
@@ -348,6 +329,8 @@ pub struct ConvLaunchPlan {
     pub tile_n: u32,
     pub tile_k: u32,
     pub workgroups: [u32; 3],
+    /// The coop core's block (coop variants only).
+    pub coop: Option<CoopBlock>,
     /// Number of independent slices of the reduction (dweight only; 1 elsewhere).
     pub split_k: u32,
 }
@@ -415,17 +398,14 @@ impl ConvKernel {
             readers = run_reader(runs.a) + &run_reader(runs.b);
             parts.push(&readers);
             match variant {
-                ConvVariant::Coop { tile } => {
+                ConvVariant::Coop { .. } => {
+                    let block = plan.coop.expect("coop plans carry their block");
                     let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
                     let run = |fits: bool| if fits { GEMM_RUN as u32 } else { 1 };
                     let [a, b] = (runs.fits)(meta);
-                    key = key
-                        .with("SUBGROUP", subgroup)
-                        .with("RUN_A", run(a))
-                        .with("RUN_B", run(b));
-                    coop_core = COOP_GEMM
-                        .replace("coop_matTxT", &format!("coop_mat{tile}x{tile}"))
-                        .replace("TILE_SIZEu", &format!("{tile}u"));
+                    key = key.with("RUN_A", run(a)).with("RUN_B", run(b));
+                    key.source_constants.extend(block.constants(subgroup));
+                    coop_core = block.core_source(COOP_GEMM, subgroup);
                     parts.push(&coop_core);
                 }
                 ConvVariant::PortableF16 | ConvVariant::PortableF32 => parts.push(PORTABLE_GEMM),
@@ -629,7 +609,21 @@ impl ConvLaunchPlan {
         variant: ConvVariant,
         [rows, cols, z]: [usize; 3],
     ) -> Result<Self> {
-        let (tile_m, tile_n, tile_k) = variant.block();
+        let coop = match variant {
+            ConvVariant::Coop { tile } => {
+                let block = CoopBlock::choose(tile, rows, cols)?;
+                block
+                    .fits(ctx.caps())
+                    .map_err(|reason| AetherError::InvalidShape {
+                        op: "conv coop block",
+                        shape: vec![rows, cols],
+                        reason,
+                    })?;
+                Some(block)
+            }
+            _ => None,
+        };
+        let (tile_m, tile_n, tile_k) = coop.map_or_else(ConvVariant::portable_block, |b| b.dims());
         let grid = [
             rows.div_ceil(tile_m as usize),
             cols.div_ceil(tile_n as usize),
@@ -649,6 +643,7 @@ impl ConvLaunchPlan {
             tile_n,
             tile_k,
             workgroups: grid.map(|g| g as u32),
+            coop,
             split_k: 1,
         })
     }
@@ -661,7 +656,7 @@ pub const SHADER_PRELUDE: &str = include_str!("../../shaders/conv/prelude.wgsl")
 pub(crate) const IM2COL: &str = include_str!("../../shaders/conv/im2col.wgsl");
 /// The tiled-GEMM core shared by the portable kernels.
 pub(crate) const PORTABLE_GEMM: &str = include_str!("../../shaders/conv/portable_gemm.wgsl");
-/// The cooperative-matrix GEMM core (`coop_matTxT` and `TILE_SIZEu` filled in per tile).
+/// The cooperative-matrix GEMM core (constants and generated pieces filled in by [`CoopBlock`]).
 pub(crate) const COOP_GEMM: &str = include_str!("../../shaders/conv/coop_gemm.wgsl");
 
 /// Full WGSL for a kernel: `enable` lines for the variant, the operand type

@@ -1,9 +1,10 @@
 //! The convolution package: geometry and planning (`common`), the three GEMM
-//! directions (`forward`, `dweight`, `dinput`) and the fp16 casts (`cast`).
+//! directions (`forward`, `dweight`, `dinput`), the coop GEMM's block geometry (`coop`) and the fp16 casts (`cast`).
 //! WGSL sources live in `shaders/conv/`.
 
 pub mod cast;
 pub mod common;
+pub mod coop;
 pub mod dinput;
 pub mod dweight;
 pub mod forward;
@@ -14,6 +15,7 @@ pub use common::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
     PlannedLaunch,
 };
+pub use coop::CoopBlock;
 pub use dinput::conv2d_dinput;
 pub use dweight::conv2d_dweight;
 pub use forward::conv2d_forward;

@@ -5,7 +5,9 @@
 //!
 //! Binding convention for every kernel: storage buffers at `@group(0)
 //! @binding(0..n)` in the order given, then the optional uniform parameter block
-//! at `@binding(n)`.
+//! at `@binding(n)`. Where the adapter has immediates the parameter block is
+//! moved there instead (see `GpuCapabilities::params_in_immediates`): no
+//! buffer, no upload and a smaller bind group per dispatch.
 
 use std::sync::Arc;
 
@@ -34,12 +36,26 @@ struct Timer {
 /// Work recorded but not yet submitted.
 #[derive(Default)]
 pub(crate) struct Batch {
+    /// The compute pass untimed dispatches are recorded into, open on `encoder`
+    /// until a copy, a timed dispatch or the submission needs the encoder: one
+    /// pass for a run of dispatches costs less host time than a pass each.
+    /// (Declared before `encoder` so it is dropped first.)
+    pass: Option<wgpu::ComputePass<'static>>,
     encoder: Option<wgpu::CommandEncoder>,
     /// Uniform parameter buffers the recorded dispatches read; released after submission.
     params: Vec<PooledBuffer>,
     dispatches: usize,
     timer: Option<Timer>,
     submissions: usize,
+}
+
+impl Batch {
+    /// The pending encoder for a command outside compute passes: the open pass
+    /// is ended first (an encoder is locked while a pass is open on it).
+    fn encoder(&mut self, new: impl FnOnce() -> wgpu::CommandEncoder) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
+        self.encoder.get_or_insert_with(new)
+    }
 }
 
 impl GpuContext {
@@ -64,7 +80,15 @@ impl GpuContext {
         if workgroups.contains(&0) {
             return Ok(());
         }
-        let param_buffer = (!params.is_empty()).then(|| {
+        let immediates = self.caps().params_in_immediates();
+        if immediates && params.len() as u32 > self.caps().immediate_bytes {
+            return Err(AetherError::TooLarge {
+                what: format!("{label} parameter block"),
+                bytes: params.len() as u64,
+                limit: u64::from(self.caps().immediate_bytes),
+            });
+        }
+        let param_buffer = (!params.is_empty() && !immediates).then(|| {
             let pooled = self.pool().get_or_create(
                 &self.device,
                 params.len() as u64,
@@ -100,7 +124,8 @@ impl GpuContext {
         let mut batch = self.batch();
         let Batch {
             encoder,
-            params,
+            pass,
+            params: param_buffers,
             dispatches,
             timer,
             ..
@@ -117,17 +142,37 @@ impl GpuContext {
             }
             _ => None,
         };
-        let encoder = encoder.get_or_insert_with(|| self.new_encoder());
-        {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(label),
-                timestamp_writes,
-            });
+        let record = |pass: &mut wgpu::ComputePass<'_>| {
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
+            if immediates && !params.is_empty() {
+                pass.set_immediates(0, params);
+            }
             pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        };
+        if timestamp_writes.is_some() {
+            // A timed dispatch gets a pass of its own: timestamps bracket passes.
+            *pass = None;
+            let encoder = encoder.get_or_insert_with(|| self.new_encoder());
+            record(
+                &mut encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some(label),
+                    timestamp_writes,
+                }),
+            );
+        } else {
+            let open = pass.get_or_insert_with(|| {
+                encoder
+                    .get_or_insert_with(|| self.new_encoder())
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("aether dispatches"),
+                        timestamp_writes: None,
+                    })
+                    .forget_lifetime()
+            });
+            record(open);
         }
-        params.extend(param_buffer);
+        param_buffers.extend(param_buffer);
         *dispatches += 1;
         Ok(())
     }
@@ -147,16 +192,15 @@ impl GpuContext {
         dst_offset: u64,
         bytes: u64,
     ) {
-        let mut batch = self.batch();
-        batch
-            .encoder
-            .get_or_insert_with(|| self.new_encoder())
+        self.batch()
+            .encoder(|| self.new_encoder())
             .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
     }
 
     /// Submits the pending batch, if any, as one command buffer.
     pub fn flush(&self) {
         let mut batch = self.batch();
+        batch.pass = None;
         if let Some(encoder) = batch.encoder.take() {
             self.queue.submit([encoder.finish()]);
             batch.submissions += 1;
@@ -226,8 +270,7 @@ impl GpuContext {
             wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
         );
         self.batch()
-            .encoder
-            .get_or_insert_with(|| self.new_encoder())
+            .encoder(|| self.new_encoder())
             .resolve_query_set(&timer.queries, 0..count, resolve.buffer(), 0);
         let raw = self.read_bytes(resolve.buffer(), bytes)?;
         let ticks: &[u64] = bytemuck::cast_slice(&raw);

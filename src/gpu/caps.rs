@@ -44,17 +44,27 @@ pub struct GpuCapabilities {
     pub limits: wgpu::Limits,
 }
 
+/// Immediate-data bytes an adapter must offer for kernel parameters to move
+/// there (wgpu's guaranteed size where the feature exists).
+pub const PARAMS_IMMEDIATE_BYTES: u32 = 128;
+
 impl GpuCapabilities {
     /// The features aether asks the device for: everything useful the adapter has.
-    pub(crate) fn wanted_features(adapter: &wgpu::Adapter, allow_coop: bool) -> wgpu::Features {
+    pub(crate) fn wanted_features(
+        adapter: &wgpu::Adapter,
+        allow_coop: bool,
+        allow_immediates: bool,
+    ) -> wgpu::Features {
         let mut wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
-            | wgpu::Features::PIPELINE_CACHE
-            | wgpu::Features::IMMEDIATES;
+            | wgpu::Features::PIPELINE_CACHE;
         if allow_coop {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
+        if allow_immediates {
+            wanted |= wgpu::Features::IMMEDIATES;
         }
         adapter.features() & wanted
     }
@@ -103,6 +113,13 @@ impl GpuCapabilities {
             coop_disabled,
             limits,
         }
+    }
+
+    /// Whether kernels take their parameter block as immediate data (set in the
+    /// pass, no buffer or binding) rather than as a uniform buffer. Every
+    /// aether parameter block fits in [`PARAMS_IMMEDIATE_BYTES`].
+    pub fn params_in_immediates(&self) -> bool {
+        self.immediate_bytes >= PARAMS_IMMEDIATE_BYTES
     }
 
     /// The largest square f16 x f16 -> f32 cooperative tile (16 or 8) the adapter

@@ -63,7 +63,11 @@ impl GpuContext {
 
     fn with_adapter(adapter: wgpu::Adapter, options: &GpuOptions) -> Result<Arc<Self>> {
         let info = adapter.get_info();
-        let features = GpuCapabilities::wanted_features(&adapter, !options.disable_coop);
+        let features = GpuCapabilities::wanted_features(
+            &adapter,
+            !options.disable_coop,
+            !options.disable_immediates,
+        );
         let coop_disabled = options.disable_coop
             && adapter
                 .features()

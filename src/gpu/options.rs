@@ -37,6 +37,10 @@ pub struct GpuOptions {
     pub adapter_filter: Option<String>,
     /// Do not use cooperative matrices even when present (`AETHER_DISABLE_COOP=1`).
     pub disable_coop: bool,
+    /// Pass kernel parameters in uniform buffers even where the adapter has
+    /// immediates (`AETHER_DISABLE_IMMEDIATES=1`): the path adapters without
+    /// them take, kept testable.
+    pub disable_immediates: bool,
     /// Where compiled pipelines are persisted (`AETHER_CACHE_DIR`); `None` keeps
     /// them in memory only.
     pub cache_dir: Option<PathBuf>,
@@ -56,7 +60,7 @@ pub struct GpuOptions {
 }
 
 impl GpuOptions {
-    /// Reads `AETHER_ADAPTER`, `AETHER_DISABLE_COOP` and `AETHER_CACHE_DIR`
+    /// Reads `AETHER_ADAPTER`, `AETHER_DISABLE_COOP`, `AETHER_DISABLE_IMMEDIATES` and `AETHER_CACHE_DIR`
     /// (default: `<user cache dir>/aether`).
     pub fn from_env() -> Result<Self> {
         let adapter_filter = std::env::var("AETHER_ADAPTER")
@@ -66,6 +70,10 @@ impl GpuOptions {
             Err(_) => false,
             Ok(v) => parse_flag("AETHER_DISABLE_COOP", &v)?,
         };
+        let disable_immediates = match std::env::var("AETHER_DISABLE_IMMEDIATES") {
+            Err(_) => false,
+            Ok(v) => parse_flag("AETHER_DISABLE_IMMEDIATES", &v)?,
+        };
         let cache_dir = match std::env::var_os("AETHER_CACHE_DIR") {
             Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
             _ => dirs::cache_dir().map(|d| d.join("aether")),
@@ -73,6 +81,7 @@ impl GpuOptions {
         Ok(Self {
             adapter_filter,
             disable_coop,
+            disable_immediates,
             cache_dir,
             break_kernels: Vec::new(),
             max_buffer_bytes: None,

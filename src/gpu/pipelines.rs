@@ -24,6 +24,9 @@ pub struct PipelineKey {
     pub variant: &'static str,
     /// WGSL `override` constants baked into this pipeline.
     pub constants: Vec<(&'static str, u32)>,
+    /// Constants written into the WGSL source itself (they size arrays or pick
+    /// generated code, so they cannot be overrides).
+    pub source_constants: Vec<(&'static str, u32)>,
 }
 
 impl PipelineKey {
@@ -32,6 +35,7 @@ impl PipelineKey {
             kernel,
             variant,
             constants: Vec::new(),
+            source_constants: Vec::new(),
         }
     }
 
@@ -48,6 +52,7 @@ pub struct PipelineCache {
     entries: Mutex<HashMap<PipelineKey, Option<Arc<wgpu::ComputePipeline>>>>,
     disk: Option<DiskCache>,
     break_kernels: Vec<String>,
+    params_in_immediates: bool,
 }
 
 /// wgpu's driver-level pipeline cache and the file it is persisted to.
@@ -78,6 +83,7 @@ impl PipelineCache {
             entries: Mutex::default(),
             disk,
             break_kernels: break_kernels.to_vec(),
+            params_in_immediates: caps.params_in_immediates(),
         }
     }
 
@@ -173,11 +179,26 @@ impl PipelineCache {
         let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
         // Experimental shader paths in naga's backends have been known to panic
         // rather than report; a panic here must become a fallback, not a crash.
+        let source = if self.params_in_immediates {
+            Cow::Owned(params_as_immediates(source))
+        } else {
+            Cow::Borrowed(source)
+        };
         let built = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            let descriptor = wgpu::ShaderModuleDescriptor {
                 label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
+                source: wgpu::ShaderSource::Wgsl(source),
+            };
+            // SAFETY: the only check turned off is loop bounding, which guards
+            // against infinite loops; every loop in aether's WGSL is bounded by
+            // constants, uniforms or buffer sizes. Bounds and division checks stay on.
+            // The counter naga would add to each loop keeps the driver from
+            // unrolling fixed-count loops, which sends register arrays to memory.
+            let checks = wgpu::ShaderRuntimeChecks {
+                force_loop_bounding: false,
+                ..wgpu::ShaderRuntimeChecks::checked()
+            };
+            let module = unsafe { device.create_shader_module_trusted(descriptor, checks) };
             device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
                 layout: None,
@@ -198,6 +219,23 @@ impl PipelineCache {
             (Ok(pipeline), None, None) => Ok(pipeline),
         }
     }
+}
+
+/// Moves a kernel's parameter block from a uniform buffer to immediate data:
+/// `@group(0) @binding(n) var<uniform> p: T;` becomes `var<immediate> p: T;`.
+/// Every aether kernel declares at most one uniform, as its last binding (see
+/// `gpu::batch`), so the remaining bindings keep their numbers.
+fn params_as_immediates(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    for line in source.lines() {
+        let declaration = !line.trim_start().starts_with("//");
+        match line.find("var<uniform>").filter(|_| declaration) {
+            Some(at) => out.push_str(&line[at..].replacen("var<uniform>", "var<immediate>", 1)),
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -1,0 +1,218 @@
+//! The cooperative-matrix GEMM core's block geometry: how many subgroups a
+//! workgroup has, how many tiles each owns, how deep a staged step is, and the
+//! WGSL written from it (shaders/conv/coop_gemm.wgsl has the rest).
+
+use std::fmt;
+
+use crate::error::{AetherError, Result};
+use crate::gpu::GpuCapabilities;
+
+/// Environment variable that pins every coop GEMM to one block, for tuning:
+/// `SG_MxSG_NxTMxTNxKT`, e.g. `2x2x2x2x2`.
+pub const BLOCK_ENV: &str = "AETHER_COOP_BLOCK";
+
+/// A workgroup of `subgroups[0] x subgroups[1]` subgroups, each computing
+/// `tiles[0] x tiles[1]` tiles of `tile x tile`, staging `k_tiles` tiles of the
+/// reduction per step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopBlock {
+    pub tile: u32,
+    pub subgroups: [u32; 2],
+    pub tiles: [u32; 2],
+    pub k_tiles: u32,
+}
+
+impl fmt::Display for CoopBlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let [sm, sn] = self.subgroups;
+        let [tm, tn] = self.tiles;
+        write!(f, "{sm}x{sn}x{tm}x{tn}x{}", self.k_tiles)
+    }
+}
+
+impl CoopBlock {
+    /// Output rows, output columns and reduction depth per workgroup step.
+    pub fn dims(&self) -> (u32, u32, u32) {
+        (
+            self.subgroups[0] * self.tiles[0] * self.tile,
+            self.subgroups[1] * self.tiles[1] * self.tile,
+            self.k_tiles * self.tile,
+        )
+    }
+
+    fn subgroup_count(&self) -> u32 {
+        self.subgroups[0] * self.subgroups[1]
+    }
+
+    /// Workgroup memory the core declares (see coop_gemm.wgsl: padded A and B
+    /// slices, one f32 scratch tile per subgroup).
+    pub fn workgroup_bytes(&self) -> u32 {
+        let (bm, bn, bk) = self.dims();
+        let t = self.tile;
+        bm * (bk + 8) * 2 + bk * (bn + 8) * 2 + self.subgroup_count() * t * (t + 4) * 4
+    }
+
+    /// Whether this block runs on the adapter: a fixed subgroup size, the
+    /// invocation and workgroup-memory limits, and groups of 8 that tile the
+    /// staged slices exactly.
+    pub fn fits(&self, caps: &GpuCapabilities) -> std::result::Result<(), String> {
+        let Some((min, max)) = caps.subgroup_size else {
+            return Err("no subgroup support".into());
+        };
+        if min != max {
+            return Err(format!("subgroup size varies ({min}..{max})"));
+        }
+        let (bm, bn, bk) = self.dims();
+        let threads = self.subgroup_count() * max;
+        if threads > caps.limits.max_compute_invocations_per_workgroup {
+            return Err(format!("block {self}: {threads} invocations per workgroup"));
+        }
+        let bytes = self.workgroup_bytes();
+        if bytes > caps.limits.max_compute_workgroup_storage_size {
+            return Err(format!("block {self}: {bytes} bytes of workgroup memory"));
+        }
+        if bm % 8 != 0 || bn % 8 != 0 || bk % 8 != 0 {
+            return Err(format!("block {self}: sides must be multiples of 8"));
+        }
+        Ok(())
+    }
+
+    /// The block for a `rows x cols` GEMM output at `tile`: the tuning
+    /// override when set, else the rule below.
+    pub fn choose(tile: u32, rows: usize, cols: usize) -> Result<Self> {
+        if let Ok(text) = std::env::var(BLOCK_ENV) {
+            return Self::parse(tile, &text).ok_or(AetherError::InvalidEnv {
+                var: BLOCK_ENV,
+                value: text,
+                expected: "SG_MxSG_NxTMxTNxKT, each 1..=8 (e.g. 2x2x2x2x2)",
+            });
+        }
+        let _ = (rows, cols);
+        Ok(Self {
+            tile,
+            subgroups: [2, 2],
+            tiles: [2, 2],
+            k_tiles: 2,
+        })
+    }
+
+    fn parse(tile: u32, text: &str) -> Option<Self> {
+        let parsed: Vec<u32> = text
+            .split('x')
+            .map(|p| p.trim().parse().ok().filter(|v| (1..=8).contains(v)))
+            .collect::<Option<_>>()?;
+        match parsed[..] {
+            [sm, sn, tm, tn, kt] => Some(Self {
+                tile,
+                subgroups: [sm, sn],
+                tiles: [tm, tn],
+                k_tiles: kt,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The constants coop_gemm.wgsl expects, for `subgroup` invocations per subgroup.
+    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 7] {
+        [
+            ("T", self.tile),
+            ("SUBGROUP", subgroup),
+            ("SG_M", self.subgroups[0]),
+            ("SG_N", self.subgroups[1]),
+            ("TM", self.tiles[0]),
+            ("TN", self.tiles[1]),
+            ("KT", self.k_tiles),
+        ]
+    }
+
+    /// coop_gemm.wgsl with this block's constants and generated pieces filled in.
+    pub fn core_source(&self, template: &str, subgroup: u32) -> String {
+        let t = self.tile;
+        let mat = format!("coop_mat{t}x{t}");
+        let [tm, tn] = self.tiles;
+        let tiles = || (0..tm).flat_map(move |i| (0..tn).map(move |j| (i, j)));
+        let mut consts = String::new();
+        for (name, value) in self.constants(subgroup) {
+            consts += &format!("const {name}: u32 = {value}u;\n");
+        }
+        let mut decls = String::new();
+        let mut step = String::new();
+        let mut stores = String::new();
+        for (i, j) in tiles() {
+            decls += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
+        }
+        for i in 0..tm {
+            step += &format!(
+                "            let a_{i} = coopLoadT<{mat}<f16, A>>(&stage_a[(sub_row + {i}u * T) * LDA + kk], LDA);\n"
+            );
+        }
+        for j in 0..tn {
+            step += &format!(
+                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&stage_b[kk * LDB + sub_col + {j}u * T], LDB);\n"
+            );
+        }
+        for (i, j) in tiles() {
+            step +=
+                &format!("            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n");
+        }
+        for (i, j) in tiles() {
+            stores += &format!(
+                "    coopStoreT(acc_{i}_{j}, &stage_c[scratch], LDC);
+    workgroupBarrier();
+    store_tile(z, row0 + sub_row + {i}u * T, col0 + sub_col + {j}u * T, rows, cols, scratch, lane);
+    workgroupBarrier();
+"
+            );
+        }
+        let body = template
+            .replace("    // generated: accumulators acc_i_j\n", &decls)
+            .replace(
+                "            // generated: TM loads of A, TN loads of B, TM*TN multiply-adds\n",
+                &step,
+            )
+            .replace(
+                "    // generated: per tile, coopStore into scratch, barrier, store_tile, barrier\n",
+                &stores,
+            );
+        consts + &body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEMPLATE: &str = include_str!("../../shaders/conv/coop_gemm.wgsl");
+
+    #[test]
+    fn every_generated_piece_is_filled_in() {
+        let block = CoopBlock {
+            tile: 16,
+            subgroups: [2, 1],
+            tiles: [3, 2],
+            k_tiles: 2,
+        };
+        let src = block.core_source(TEMPLATE, 32);
+        let marker = |line: &str| line.trim_start().starts_with("// generated:");
+        assert!(!src.lines().any(marker), "a marker was left unreplaced");
+        assert!(src.contains("var acc_2_1 = coop_mat16x16<f32, C>();"));
+        assert!(src.contains("acc_2_1 = coopMultiplyAdd(a_2, b_1, acc_2_1);"));
+        assert!(!src.contains("acc_3_0"));
+        assert!(src.contains("const TM: u32 = 3u;"));
+    }
+
+    #[test]
+    fn workgroup_bytes_counts_padding_and_scratch() {
+        let block = CoopBlock {
+            tile: 16,
+            subgroups: [2, 2],
+            tiles: [2, 2],
+            k_tiles: 2,
+        };
+        // A 64 x 40 halves, B 32 x 72 halves, 4 scratch tiles of 16 x 20 f32.
+        assert_eq!(
+            block.workgroup_bytes(),
+            64 * 40 * 2 + 32 * 72 * 2 + 4 * 16 * 20 * 4
+        );
+    }
+}
