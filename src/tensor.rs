@@ -188,28 +188,14 @@ impl Tensor {
             });
         }
         ctx.check_faults("allocation")?;
-        let out_of_memory = ctx
-            .device()
-            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let refused = ctx.device().push_error_scope(wgpu::ErrorFilter::Validation);
-        let buffer = ctx.pool().get_or_create(
-            ctx.device(),
-            bytes,
-            wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-        );
-        let refused = pollster::block_on(refused.pop());
-        if let Some(error) = pollster::block_on(out_of_memory.pop()).or(refused) {
-            // wgpu hands back an invalid buffer; in the pool it would be given to
-            // the next request of this size, so its (small) handle is leaked instead.
-            std::mem::forget(buffer);
-            return Err(AetherError::Allocation {
-                what: what(),
-                bytes,
-                message: error.to_string(),
-            });
-        }
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
+        // A recycled buffer cannot fail: error scopes only around a new one.
+        let buffer = match ctx.pool().recycle(bytes, usage) {
+            Some(buffer) => buffer,
+            None => new_buffer(ctx, bytes, usage, what)?,
+        };
         Ok(Self {
             shape,
             dtype,
@@ -367,4 +353,31 @@ impl Tensor {
             _ => None,
         }
     }
+}
+
+/// A new pooled buffer inside error scopes, so a refused or failed allocation is
+/// an `AetherError::Allocation` naming `what`, not a device error later.
+fn new_buffer(
+    ctx: &GpuContext,
+    bytes: u64,
+    usage: wgpu::BufferUsages,
+    what: impl FnOnce() -> String,
+) -> Result<PooledBuffer> {
+    let out_of_memory = ctx
+        .device()
+        .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let refused = ctx.device().push_error_scope(wgpu::ErrorFilter::Validation);
+    let buffer = ctx.pool().create(ctx.device(), bytes, usage);
+    let refused = pollster::block_on(refused.pop());
+    if let Some(error) = pollster::block_on(out_of_memory.pop()).or(refused) {
+        // wgpu hands back an invalid buffer; in the pool it would be given to
+        // the next request of this size, so its (small) handle is leaked instead.
+        std::mem::forget(buffer);
+        return Err(AetherError::Allocation {
+            what: what(),
+            bytes,
+            message: error.to_string(),
+        });
+    }
+    Ok(buffer)
 }

@@ -392,27 +392,28 @@ impl ConvKernel {
     ) -> Option<Arc<wgpu::ComputePipeline>> {
         let variant = plan.variant;
         let mut key = pipeline_key(self.name, variant, meta);
-        let mut parts: Vec<&str> = self.parts.to_vec();
-        let (coop_core, readers);
-        if let Some(runs) = &self.gemm {
-            readers = run_reader(runs.a) + &run_reader(runs.b);
-            parts.push(&readers);
-            match variant {
-                ConvVariant::Coop { .. } => {
-                    let block = plan.coop.expect("coop plans carry their block");
-                    let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
-                    let run = |fits: bool| if fits { GEMM_RUN as u32 } else { 1 };
-                    let [a, b] = (runs.fits)(meta);
-                    key = key.with("RUN_A", run(a)).with("RUN_B", run(b));
-                    key.source_constants.extend(block.constants(subgroup));
-                    coop_core = block.core_source(COOP_GEMM, subgroup);
-                    parts.push(&coop_core);
-                }
-                ConvVariant::PortableF16 | ConvVariant::PortableF32 => parts.push(PORTABLE_GEMM),
-            }
+        let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
+        if let (Some(runs), Some(block)) = (&self.gemm, plan.coop) {
+            let run = |fits: bool| if fits { GEMM_RUN as u32 } else { 1 };
+            let [a, b] = (runs.fits)(meta);
+            key = key.with("RUN_A", run(a)).with("RUN_B", run(b));
+            key.source_constants.extend(block.constants(subgroup));
         }
-        ctx.pipelines()
-            .get_or_create(&key, "main", || shader_source(variant, &parts).into())
+        // The source is only built on a cache miss: this runs on every dispatch.
+        ctx.pipelines().get_or_create(&key, "main", || {
+            let mut parts: Vec<&str> = self.parts.to_vec();
+            let (readers, core);
+            if let Some(runs) = &self.gemm {
+                readers = run_reader(runs.a) + &run_reader(runs.b);
+                parts.push(&readers);
+                core = match plan.coop {
+                    Some(block) => Cow::Owned(block.core_source(COOP_GEMM, subgroup)),
+                    None => Cow::Borrowed(PORTABLE_GEMM),
+                };
+                parts.push(&core);
+            }
+            shader_source(variant, &parts).into()
+        })
     }
 }
 
@@ -604,23 +605,13 @@ impl ConvLaunchPlan {
     /// The plan of `variant`'s GEMM over a `rows x cols` output with `z` slices
     /// (split-K 1); an error (a decline) when the grid exceeds the adapter's limit.
     pub(crate) fn gemm(
-        what: &str,
+        direction: ConvDirection,
         ctx: &GpuContext,
         variant: ConvVariant,
         [rows, cols, z]: [usize; 3],
     ) -> Result<Self> {
         let coop = match variant {
-            ConvVariant::Coop { tile } => {
-                let block = CoopBlock::choose(tile, rows, cols)?;
-                block
-                    .fits(ctx.caps())
-                    .map_err(|reason| AetherError::InvalidShape {
-                        op: "conv coop block",
-                        shape: vec![rows, cols],
-                        reason,
-                    })?;
-                Some(block)
-            }
+            ConvVariant::Coop { tile } => Some(CoopBlock::choose(tile, direction, ctx.caps())?),
             _ => None,
         };
         let (tile_m, tile_n, tile_k) = coop.map_or_else(ConvVariant::portable_block, |b| b.dims());
@@ -632,7 +623,7 @@ impl ConvLaunchPlan {
         let limit = ctx.caps().limits.max_compute_workgroups_per_dimension as usize;
         if let Some(&too_many) = grid.iter().find(|&&g| g > limit) {
             return Err(AetherError::TooLarge {
-                what: format!("{what}: grid {grid:?} of {tile_m}x{tile_n} blocks"),
+                what: format!("{direction:?} conv: grid {grid:?} of {tile_m}x{tile_n} blocks"),
                 bytes: too_many as u64,
                 limit: limit as u64,
             });

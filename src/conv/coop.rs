@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use super::common::ConvDirection;
 use crate::error::{AetherError, Result};
 use crate::gpu::GpuCapabilities;
 
@@ -77,23 +78,51 @@ impl CoopBlock {
         Ok(())
     }
 
-    /// The block for a `rows x cols` GEMM output at `tile`: the tuning
-    /// override when set, else the rule below.
-    pub fn choose(tile: u32, rows: usize, cols: usize) -> Result<Self> {
-        if let Ok(text) = std::env::var(BLOCK_ENV) {
-            return Self::parse(tile, &text).ok_or(AetherError::InvalidEnv {
+    /// The block for `direction`'s GEMM at `tile` on this adapter: the tuning
+    /// override when set, else the first of the rule's blocks that fits; an
+    /// error (the coop variant declines) when none does.
+    pub fn choose(tile: u32, direction: ConvDirection, caps: &GpuCapabilities) -> Result<Self> {
+        let candidates = match std::env::var(BLOCK_ENV) {
+            Ok(text) => vec![Self::parse(tile, &text).ok_or(AetherError::InvalidEnv {
                 var: BLOCK_ENV,
                 value: text,
                 expected: "SG_MxSG_NxTMxTNxKT, each 1..=8 (e.g. 2x2x2x2x2)",
-            });
+            })?],
+            Err(_) => Self::preferred(tile, direction),
+        };
+        let mut reasons = Vec::new();
+        for block in candidates {
+            match block.fits(caps) {
+                Ok(()) => return Ok(block),
+                Err(reason) => reasons.push(reason),
+            }
         }
-        let _ = (rows, cols);
-        Ok(Self {
-            tile,
-            subgroups: [2, 2],
-            tiles: [2, 2],
-            k_tiles: 2,
+        Err(AetherError::InvalidShape {
+            op: "conv coop block",
+            shape: vec![tile as usize],
+            reason: reasons.join("; "),
         })
+    }
+
+    /// The blocks for `direction`, best first: the measured rule, then smaller
+    /// ones for adapters with less workgroup memory or fewer invocations.
+    fn preferred(tile: u32, direction: ConvDirection) -> Vec<Self> {
+        let block = |subgroups, tiles, k_tiles| Self {
+            tile,
+            subgroups,
+            tiles,
+            k_tiles,
+        };
+        // Measured on the H200 (docs/perf-notes.md, entry 5), the v1 model's
+        // five convs at batch 256 against the 2x2x2x2x2 block: forward and dinput
+        // 7-9% faster with 4x2 subgroups of 4x2 tiles (256 x 64 outputs), dweight
+        // 6% faster staging 4 tiles of its long reduction per step; every other
+        // block tried was slower on at least one direction.
+        let rule = match direction {
+            ConvDirection::Forward | ConvDirection::DInput => block([4, 2], [4, 2], 2),
+            ConvDirection::DWeight => block([2, 2], [2, 2], 4),
+        };
+        vec![rule, block([2, 2], [2, 2], 2), block([2, 2], [1, 1], 1)]
     }
 
     fn parse(tile: u32, text: &str) -> Option<Self> {

@@ -47,7 +47,7 @@ pub fn conv2d_dinput(
         plan_first(ctx, plans, &KERNEL, &meta, |variant| {
             accepts_operand(variant, w)?;
             ConvLaunchPlan::gemm(
-                "conv_dinput",
+                ConvDirection::DInput,
                 ctx,
                 variant,
                 [class_rows, meta.c_in, classes],

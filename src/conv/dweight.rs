@@ -90,7 +90,7 @@ pub fn conv2d_dweight(
         plan_first(ctx, plans, &KERNEL, &meta, |variant| {
             let rows = meta.k + 1;
             let mut plan =
-                ConvLaunchPlan::gemm("conv_dweight", ctx, variant, [rows, meta.c_out, 1])?;
+                ConvLaunchPlan::gemm(ConvDirection::DWeight, ctx, variant, [rows, meta.c_out, 1])?;
             let reduction_tiles = meta.m.div_ceil(plan.tile_k as usize) as u32;
             let mut split = split_k(
                 plan.workgroups[0] * plan.workgroups[1],

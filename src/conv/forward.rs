@@ -53,7 +53,12 @@ pub fn conv2d_forward(
     let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
         plan_first(ctx, plans, &KERNEL, &meta, |variant| {
             accepts_operand(variant, w)?;
-            ConvLaunchPlan::gemm("conv_forward", ctx, variant, [meta.m, meta.c_out, 1])
+            ConvLaunchPlan::gemm(
+                ConvDirection::Forward,
+                ctx,
+                variant,
+                [meta.m, meta.c_out, 1],
+            )
         })
     })?;
     let pipeline = KERNEL

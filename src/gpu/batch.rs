@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use super::bind_groups;
 use super::context::GpuContext;
 use super::pool::PooledBuffer;
 use crate::error::{AetherError, Result};
@@ -98,29 +99,20 @@ impl GpuContext {
             self.queue.write_buffer(pooled.buffer(), 0, params);
             pooled
         });
-        let mut entries: Vec<wgpu::BindGroupEntry> = buffers
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        if let Some(p) = &param_buffer {
-            entries.push(wgpu::BindGroupEntry {
-                binding: buffers.len() as u32,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: p.buffer(),
-                    offset: 0,
-                    size: wgpu::BufferSize::new(params.len() as u64),
-                }),
-            });
-        }
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(label),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
+        // Parameters in a uniform buffer change the group every dispatch; without
+        // them the group depends only on pipeline and buffers, and is reused.
+        let bind_group = match &param_buffer {
+            Some(p) => bind_groups::create(
+                &self.device,
+                label,
+                pipeline,
+                buffers,
+                Some((p.buffer(), params.len() as u64)),
+            ),
+            None => self
+                .bind_groups()
+                .get_or_create(&self.device, label, pipeline, buffers),
+        };
         let mut batch = self.batch();
         let Batch {
             encoder,

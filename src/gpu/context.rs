@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::batch::Batch;
+use super::bind_groups::BindGroupCache;
 
 use super::caps::GpuCapabilities;
 use super::faults::Faults;
@@ -20,6 +21,7 @@ pub struct GpuContext {
     pipelines: PipelineCache,
     pool: BufferPool,
     batch: Mutex<Batch>,
+    bind_groups: BindGroupCache,
     faults: Arc<Faults>,
 }
 
@@ -110,12 +112,17 @@ impl GpuContext {
             pipelines,
             pool: BufferPool::default(),
             batch: Mutex::default(),
+            bind_groups: BindGroupCache::default(),
             faults,
         }))
     }
 
     pub fn caps(&self) -> &GpuCapabilities {
         &self.caps
+    }
+
+    pub(crate) fn bind_groups(&self) -> &BindGroupCache {
+        &self.bind_groups
     }
 
     pub fn pipelines(&self) -> &PipelineCache {

@@ -2,6 +2,7 @@
 //! and batched submission.
 
 mod batch;
+mod bind_groups;
 mod caps;
 mod context;
 mod faults;

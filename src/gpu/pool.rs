@@ -10,6 +10,11 @@ const SIZE_GRANULE: u64 = 256;
 
 type PoolKey = (u64, wgpu::BufferUsages);
 
+/// A request's size rounded up to the pool's granule.
+fn granule(bytes: u64) -> u64 {
+    bytes.max(1).div_ceil(SIZE_GRANULE) * SIZE_GRANULE
+}
+
 /// Free buffers waiting to be reused, and counters that prove reuse.
 #[derive(Default)]
 pub struct BufferPool {
@@ -50,30 +55,44 @@ impl BufferPool {
         bytes: u64,
         usage: wgpu::BufferUsages,
     ) -> PooledBuffer {
-        let size = bytes.max(1).div_ceil(SIZE_GRANULE) * SIZE_GRANULE;
-        let key = (size, usage);
-        let recycled = self
+        self.recycle(bytes, usage)
+            .unwrap_or_else(|| self.create(device, bytes, usage))
+    }
+
+    /// A free buffer for (`bytes`, `usage`), if the pool holds one.
+    pub fn recycle(&self, bytes: u64, usage: wgpu::BufferUsages) -> Option<PooledBuffer> {
+        let key = (granule(bytes), usage);
+        let buffer = self
             .free
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_mut(&key)
-            .and_then(Vec::pop);
-        let buffer = match recycled {
-            Some(buffer) => {
-                self.reused.fetch_add(1, Ordering::Relaxed);
-                buffer
-            }
-            None => {
-                self.created.fetch_add(1, Ordering::Relaxed);
-                self.bytes.created.fetch_add(size, Ordering::Relaxed);
-                device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("aether pooled"),
-                    size,
-                    usage,
-                    mapped_at_creation: false,
-                })
-            }
-        };
+            .and_then(Vec::pop)?;
+        self.reused.fetch_add(1, Ordering::Relaxed);
+        Some(self.lend(buffer, key))
+    }
+
+    /// A new buffer for (`bytes`, `usage`), which joins the pool when dropped.
+    pub fn create(
+        &self,
+        device: &wgpu::Device,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+    ) -> PooledBuffer {
+        let size = granule(bytes);
+        self.created.fetch_add(1, Ordering::Relaxed);
+        self.bytes.created.fetch_add(size, Ordering::Relaxed);
+        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("aether pooled"),
+            size,
+            usage,
+            mapped_at_creation: false,
+        });
+        self.lend(buffer, (size, usage))
+    }
+
+    fn lend(&self, buffer: wgpu::Buffer, key: PoolKey) -> PooledBuffer {
+        let size = key.0;
         let live = self.bytes.live.fetch_add(size, Ordering::Relaxed) + size;
         self.bytes.peak_live.fetch_max(live, Ordering::Relaxed);
         PooledBuffer {

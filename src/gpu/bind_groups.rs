@@ -1,0 +1,80 @@
+//! Bind groups reused across steps: a training step binds the same pooled
+//! buffers to the same pipelines every time, so each (pipeline, buffers) pair
+//! is bound once instead of once per dispatch.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Entries kept before the cache starts over. A v1 training step uses about
+/// 125; the bound keeps a long run with changing shapes from growing without end.
+const CAPACITY: usize = 4096;
+
+type Key = (wgpu::ComputePipeline, Vec<wgpu::Buffer>);
+
+/// Bind groups of whole-buffer storage bindings, keyed by pipeline and buffers.
+/// Entries hold their buffers, which are pooled and never freed before the
+/// context, so a cached group can never name a buffer that has been replaced.
+#[derive(Default)]
+pub(crate) struct BindGroupCache {
+    entries: Mutex<HashMap<Key, wgpu::BindGroup>>,
+}
+
+impl BindGroupCache {
+    /// The bind group of `buffers` at bindings `0..n` of `pipeline`'s group 0.
+    pub(crate) fn get_or_create(
+        &self,
+        device: &wgpu::Device,
+        label: &str,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[&wgpu::Buffer],
+    ) -> wgpu::BindGroup {
+        let key: Key = (
+            pipeline.clone(),
+            buffers.iter().map(|&b| b.clone()).collect(),
+        );
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(group) = entries.get(&key) {
+            return group.clone();
+        }
+        if entries.len() >= CAPACITY {
+            entries.clear();
+        }
+        let group = create(device, label, pipeline, buffers, None);
+        entries.insert(key, group.clone());
+        group
+    }
+}
+
+/// A bind group of `buffers` at bindings `0..n`, then `params` (a uniform
+/// buffer and its size) at binding `n` when given.
+pub(crate) fn create(
+    device: &wgpu::Device,
+    label: &str,
+    pipeline: &wgpu::ComputePipeline,
+    buffers: &[&wgpu::Buffer],
+    params: Option<(&wgpu::Buffer, u64)>,
+) -> wgpu::BindGroup {
+    let mut entries: Vec<wgpu::BindGroupEntry> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: b.as_entire_binding(),
+        })
+        .collect();
+    if let Some((buffer, size)) = params {
+        entries.push(wgpu::BindGroupEntry {
+            binding: buffers.len() as u32,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset: 0,
+                size: wgpu::BufferSize::new(size),
+            }),
+        });
+    }
+    device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    })
+}
