@@ -8,8 +8,10 @@ use super::common::ConvDirection;
 use crate::error::{AetherError, Result};
 use crate::gpu::GpuCapabilities;
 
-/// Environment variable that pins every coop GEMM to one block, for tuning:
-/// `SG_MxSG_NxTMxTNxKT`, e.g. `2x2x2x2x2`.
+/// Environment variable that pins coop GEMMs to one block, for tuning:
+/// `SG_MxSG_NxTMxTNxKT` (e.g. `2x2x2x2x2`) for every direction, or a list of
+/// `direction=block` (e.g. `dweight=2x1x2x2x4,forward=4x2x4x2x2`) where the
+/// directions not named keep the rule.
 pub const BLOCK_ENV: &str = "AETHER_COOP_BLOCK";
 
 /// A workgroup of `subgroups[0] x subgroups[1]` subgroups, each computing
@@ -82,13 +84,18 @@ impl CoopBlock {
     /// override when set, else the first of the rule's blocks that fits; an
     /// error (the coop variant declines) when none does.
     pub fn choose(tile: u32, direction: ConvDirection, caps: &GpuCapabilities) -> Result<Self> {
-        let candidates = match std::env::var(BLOCK_ENV) {
-            Ok(text) => vec![Self::parse(tile, &text).ok_or(AetherError::InvalidEnv {
+        let pinned = match std::env::var(BLOCK_ENV) {
+            Ok(text) => Self::from_env(tile, direction, &text).ok_or(AetherError::InvalidEnv {
                 var: BLOCK_ENV,
                 value: text,
-                expected: "SG_MxSG_NxTMxTNxKT, each 1..=8 (e.g. 2x2x2x2x2)",
-            })?],
-            Err(_) => Self::preferred(tile, direction),
+                expected: "SG_MxSG_NxTMxTNxKT, each 1..=8 (e.g. 2x2x2x2x2), or \
+                           direction=block pairs (e.g. dweight=2x1x2x2x4,forward=4x2x4x2x2)",
+            })?,
+            Err(_) => None,
+        };
+        let candidates = match pinned {
+            Some(block) => vec![block],
+            None => Self::preferred(tile, direction),
         };
         let mut reasons = Vec::new();
         for block in candidates {
@@ -123,6 +130,29 @@ impl CoopBlock {
             ConvDirection::DWeight => block([2, 2], [2, 2], 4),
         };
         vec![rule, block([2, 2], [2, 2], 2), block([2, 2], [1, 1], 1)]
+    }
+
+    /// The block `text` pins for `direction`: `Some(None)` where it names
+    /// other directions only, `None` where it does not parse.
+    fn from_env(tile: u32, direction: ConvDirection, text: &str) -> Option<Option<Self>> {
+        if !text.contains('=') {
+            return Self::parse(tile, text).map(Some);
+        }
+        let mut pinned = None;
+        for pair in text.split(',') {
+            let (name, block) = pair.split_once('=')?;
+            let named = match name.trim() {
+                "forward" => ConvDirection::Forward,
+                "dweight" => ConvDirection::DWeight,
+                "dinput" => ConvDirection::DInput,
+                _ => return None,
+            };
+            let block = Self::parse(tile, block)?;
+            if named == direction {
+                pinned = Some(block);
+            }
+        }
+        Some(pinned)
     }
 
     fn parse(tile: u32, text: &str) -> Option<Self> {
@@ -243,5 +273,37 @@ mod tests {
             block.workgroup_bytes(),
             64 * 40 * 2 + 32 * 72 * 2 + 4 * 16 * 20 * 4
         );
+    }
+
+    #[test]
+    fn the_tuning_override_pins_named_directions_only() {
+        let dweight = CoopBlock::from_env(
+            16,
+            ConvDirection::DWeight,
+            "dweight=2x1x2x2x4,forward=4x2x4x2x2",
+        );
+        let block = dweight.expect("parses").expect("dweight named");
+        assert_eq!(
+            (block.subgroups, block.tiles, block.k_tiles),
+            ([2, 1], [2, 2], 4)
+        );
+        assert_eq!(
+            CoopBlock::from_env(16, ConvDirection::DInput, "dweight=2x1x2x2x4"),
+            Some(None)
+        );
+        let all = CoopBlock::from_env(8, ConvDirection::DInput, "1x2x3x4x5")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (all.tile, all.subgroups, all.tiles, all.k_tiles),
+            (8, [1, 2], [3, 4], 5)
+        );
+        for bad in ["2x2x2x2", "dw=2x2x2x2x2", "forward=2x2x0x2x2", "9x1x1x1x1"] {
+            assert_eq!(
+                CoopBlock::from_env(16, ConvDirection::Forward, bad),
+                None,
+                "{bad}"
+            );
+        }
     }
 }

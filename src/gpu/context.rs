@@ -2,16 +2,19 @@
 //! pipeline cache and the buffer pool.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::batch::Batch;
 use super::bind_groups::BindGroupCache;
-
 use super::caps::GpuCapabilities;
 use super::faults::Faults;
 use super::options::GpuOptions;
 use super::pipelines::PipelineCache;
 use super::pool::BufferPool;
 use crate::error::{AetherError, Result};
+
+/// How long [`GpuContext::wait_idle`] polls before it blocks in the driver.
+const WAIT_SPIN: Duration = Duration::from_millis(50);
 
 /// Everything aether needs to run kernels on one adapter. Shared as `Arc<GpuContext>`.
 pub struct GpuContext {
@@ -148,6 +151,16 @@ impl GpuContext {
     /// Blocks until all submitted work is done; a lost device or an error
     /// raised by that work is returned here.
     pub fn wait_idle(&self) -> Result<()> {
+        // Poll in a loop first: a blocking wait can sleep in the driver for far
+        // longer than the few milliseconds a training step takes to finish.
+        let spin_until = Instant::now() + WAIT_SPIN;
+        while Instant::now() < spin_until {
+            match self.device.poll(wgpu::PollType::Poll) {
+                Ok(status) if status.is_queue_empty() => return self.check_faults("wait"),
+                Ok(_) => std::hint::spin_loop(),
+                Err(_) => break,
+            }
+        }
         if let Err(e) = self.device.poll(wgpu::PollType::wait_indefinitely()) {
             self.check_faults("wait")?;
             return Err(AetherError::Gpu {
