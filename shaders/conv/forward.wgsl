@@ -1,6 +1,6 @@
 // Forward: Out[M, C_out] = im2col(X)[M, K] x W[K, C_out] + bias, no im2col buffer.
 
-@group(0) @binding(0) var<storage, read> x: array<operand>;
+@group(0) @binding(0) var<storage, read> x: array<x_elem>;
 @group(0) @binding(1) var<storage, read> w: array<operand>;
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;

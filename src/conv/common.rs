@@ -343,12 +343,17 @@ pub enum ConvDirection {
     DInput,
 }
 
-/// One conv kernel: its name, the WGSL parts after the prelude, and for a GEMM
-/// its run operands (then the variant's GEMM core is appended).
+/// One conv kernel: its name, the WGSL parts after the prelude, for a GEMM its
+/// run operands (then the variant's GEMM core is appended), and the inputs it
+/// can read as f32 where the variant's operands are f16.
 pub(crate) struct ConvKernel {
     pub name: &'static str,
     pub parts: &'static [&'static str],
     pub gemm: Option<GemmRuns>,
+    /// Bindings declared as `array<{name}_elem>`: `f32` when the pipeline reads
+    /// that input as f32 (converting while staging, so no cast dispatch runs
+    /// before it), else `operand`.
+    pub f32_inputs: &'static [&'static str],
 }
 
 /// The bindings a GEMM kernel reads A and B from, and when the coop core may
@@ -373,7 +378,7 @@ fn run_reader(name: &str) -> String {
         return run;
     }}
     for (var j = 0u; j < 8u; j++) {{
-        run[j] = {name}[u32(offset) + j];
+        run[j] = operand({name}[u32(offset) + j]);
     }}
     return run;
 }}
@@ -390,8 +395,25 @@ impl ConvKernel {
         plan: &ConvLaunchPlan,
         meta: &ConvShapeMeta,
     ) -> Option<Arc<wgpu::ComputePipeline>> {
+        self.pipeline_reading(ctx, plan, meta, &[])
+    }
+
+    /// [`Self::pipeline`] reading the inputs flagged in `f32_reads` (in the
+    /// order of `f32_inputs`; missing flags are false) as f32.
+    pub fn pipeline_reading(
+        &self,
+        ctx: &GpuContext,
+        plan: &ConvLaunchPlan,
+        meta: &ConvShapeMeta,
+        f32_reads: &[bool],
+    ) -> Option<Arc<wgpu::ComputePipeline>> {
         let variant = plan.variant;
+        let f32_read = |i: usize| f32_reads.get(i).copied().unwrap_or(false);
         let mut key = pipeline_key(self.name, variant, meta);
+        if !self.f32_inputs.is_empty() {
+            let mask = (0..self.f32_inputs.len()).fold(0, |m, i| m | u32::from(f32_read(i)) << i);
+            key.source_constants.push(("F32_INPUTS", mask));
+        }
         let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
         if let (Some(runs), Some(block)) = (&self.gemm, plan.coop) {
             let run = |fits: bool| if fits { GEMM_RUN as u32 } else { 1 };
@@ -401,7 +423,17 @@ impl ConvKernel {
         }
         // The source is only built on a cache miss: this runs on every dispatch.
         ctx.pipelines().get_or_create(&key, "main", || {
-            let mut parts: Vec<&str> = self.parts.to_vec();
+            let elems: String = self
+                .f32_inputs
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    let elem = if f32_read(i) { "f32" } else { "operand" };
+                    format!("alias {name}_elem = {elem};\n")
+                })
+                .collect();
+            let mut parts: Vec<&str> = vec![&elems];
+            parts.extend(self.parts);
             let (readers, core);
             if let Some(runs) = &self.gemm {
                 readers = run_reader(runs.a) + &run_reader(runs.b);

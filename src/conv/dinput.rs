@@ -20,6 +20,7 @@ const KERNEL: ConvKernel = ConvKernel {
         b: "w",
         fits: |m| [m.c_out % GEMM_RUN == 0; 2],
     }),
+    f32_inputs: &[],
 };
 
 /// `dX[N, H, W, C_in]` of a convolution with weights `w[R, S, C_in, C_out]` whose

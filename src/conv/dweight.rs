@@ -8,7 +8,8 @@ use rayon::prelude::*;
 use super::cast::conv_backward_cast_fp16;
 use super::common::{
     ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, GEMM_RUN,
-    GemmRuns, IM2COL, buf, expect_dims, gpu_operand, host_values, plan_first, same_device,
+    GemmRuns, IM2COL, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first,
+    same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -23,11 +24,13 @@ const KERNEL: ConvKernel = ConvKernel {
         b: "dy",
         fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
     }),
+    f32_inputs: &[],
 };
 const REDUCE: ConvKernel = ConvKernel {
     name: "conv_dweight_reduce",
     parts: &[include_str!("../../shaders/conv/dweight_reduce.wgsl")],
     gemm: None,
+    f32_inputs: &[],
 };
 const REDUCE_WORKGROUP: u32 = 256;
 /// Images per partial sum on the CPU path: a fixed grouping keeps the CPU result
@@ -88,6 +91,8 @@ pub fn conv2d_dweight(
     };
     let plan = plans.get_or_plan(ConvDirection::DWeight, &meta, || {
         plan_first(ctx, plans, &KERNEL, &meta, |variant| {
+            accepts_operand(variant, x)?;
+            accepts_operand(variant, dy)?;
             let rows = meta.k + 1;
             let mut plan =
                 ConvLaunchPlan::gemm(ConvDirection::DWeight, ctx, variant, [rows, meta.c_out, 1])?;

@@ -19,6 +19,7 @@ const KERNEL: ConvKernel = ConvKernel {
         b: "w",
         fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
     }),
+    f32_inputs: &["x"],
 };
 
 /// Convolves NHWC `x` with `w[R, S, C_in, C_out]` and adds `bias[C_out]`.
@@ -61,10 +62,21 @@ pub fn conv2d_forward(
             )
         })
     })?;
-    let pipeline = KERNEL
-        .pipeline(ctx, &plan, &meta)
-        .expect("planned variant compiled");
-    let x_op = gpu_operand("conv2d_forward input", x, plan.variant, false)?;
+    // An f32 input is read as f32 and converted while staging: no cast dispatch.
+    // Should that pipeline fail to compile (announced), the input is cast.
+    let read_f32 = plan.variant.f16_operands() && x.dtype() == DType::F32;
+    let direct = read_f32
+        .then(|| KERNEL.pipeline_reading(ctx, &plan, &meta, &[true]))
+        .flatten();
+    let (pipeline, x_op) = match direct {
+        Some(pipeline) => (pipeline, x.clone()),
+        None => (
+            KERNEL
+                .pipeline(ctx, &plan, &meta)
+                .expect("planned variant compiled"),
+            gpu_operand("conv2d_forward input", x, plan.variant, false)?,
+        ),
+    };
     let w_op = gpu_operand("conv2d_forward weight", w, plan.variant, false)?;
     let out = Tensor::uninit_gpu(ctx, Shape::new(meta.output_dims())?, DType::F32)?;
     ctx.dispatch(

@@ -1,17 +1,18 @@
 //! Conv2d and Dense (a 1x1 convolution over `[N, 1, 1, in]`), on the conv
 //! kernels. On a GPU whose best conv variant takes f16 operands, the weights'
 //! f16 shadow is cast once after each optimizer step and shared by the forward
-//! and input-gradient kernels.
+//! and input-gradient kernels, and the backward casts dvalues and the input once
+//! for both gradient kernels.
 
 use super::init::he_normal;
 use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc};
 use crate::conv::{
-    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv2d_dinput,
-    conv2d_dweight, conv2d_forward,
+    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
+    conv2d_dinput, conv2d_dweight, conv2d_forward,
 };
 use crate::device::Device;
 use crate::error::{AetherError, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// A 2-D convolution with bias, NHWC, weights `[R, S, C_in, C_out]`.
 pub struct Conv2d {
@@ -87,13 +88,7 @@ impl Conv2d {
                 shape: vec![],
                 reason: "layer used before the model was finalized".into(),
             })?;
-        let Some(ctx) = w.kernel.gpu_context() else {
-            return Ok(w.kernel.clone());
-        };
-        let f16_first = ConvVariant::candidates(ctx.caps())
-            .first()
-            .is_some_and(|v| v.f16_operands());
-        if !f16_first {
+        if !f16_kernels_first(&w.kernel) {
             return Ok(w.kernel.clone());
         }
         if w.kernel_f16.is_none() {
@@ -101,6 +96,16 @@ impl Conv2d {
         }
         Ok(w.kernel_f16.clone().expect("set above"))
     }
+}
+
+/// Whether `t` is on a GPU whose preferred conv variant takes f16 operands, so
+/// operands are best cast once and shared.
+fn f16_kernels_first(t: &Tensor) -> bool {
+    t.gpu_context().is_some_and(|ctx| {
+        ConvVariant::candidates(ctx.caps())
+            .first()
+            .is_some_and(|v| v.f16_operands())
+    })
 }
 
 impl Layer for Conv2d {
@@ -155,13 +160,19 @@ impl Layer for Conv2d {
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         let x = cached(&self.input, "Conv2d::backward")?.clone();
         let params = self.weights()?.params;
-        self.grads = Some(conv2d_dweight(&x, dy, &params, &self.plans)?);
+        let dims = x.shape().nhwc("Conv2d::backward input")?;
+        // One fused cast feeds both gradients (dinput would otherwise cast dy again).
+        let (dy, x) = if f16_kernels_first(&x) && dy.dtype() == DType::F32 {
+            conv_backward_cast_fp16(dy, &x)?
+        } else {
+            (dy.clone(), x)
+        };
+        self.grads = Some(conv2d_dweight(&x, &dy, &params, &self.plans)?);
         if !need_dx {
             return Ok(None);
         }
         let kernel = self.kernel_operand()?;
-        let dims = x.shape().nhwc("Conv2d::backward input")?;
-        conv2d_dinput(dy, &kernel, dims, &params, &self.plans).map(Some)
+        conv2d_dinput(&dy, &kernel, dims, &params, &self.plans).map(Some)
     }
 
     fn trainables(&mut self) -> Vec<Trainable<'_>> {
