@@ -146,10 +146,16 @@ fn run(args: &Args) -> Result<()> {
         }
         None => Ok(()),
     };
-    for _ in 0..3 {
+    // Warm up for at least a second: the first process on a fresh device
+    // machine measured 12-14 ms synchronised steps after only 3 warm-up steps,
+    // 5.3-5.4 ms in the next process (docs/perf-notes.md, entry 9).
+    let warm_up = Instant::now();
+    let mut steps = 0;
+    while steps < 3 || warm_up.elapsed().as_secs_f64() < 1.0 {
         model.train_batch(&x, &y)?;
+        sync()?;
+        steps += 1;
     }
-    sync()?;
 
     let (mut step_ms, mut record_ms) = (Vec::new(), Vec::new());
     for _ in 0..args.repeats {

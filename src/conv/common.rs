@@ -643,7 +643,9 @@ impl ConvLaunchPlan {
         [rows, cols, z]: [usize; 3],
     ) -> Result<Self> {
         let coop = match variant {
-            ConvVariant::Coop { tile } => Some(CoopBlock::choose(tile, direction, ctx.caps())?),
+            ConvVariant::Coop { tile } => {
+                Some(CoopBlock::choose(tile, direction, cols, ctx.caps())?)
+            }
             _ => None,
         };
         let (tile_m, tile_n, tile_k) = coop.map_or_else(ConvVariant::portable_block, |b| b.dims());

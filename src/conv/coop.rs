@@ -83,7 +83,12 @@ impl CoopBlock {
     /// The block for `direction`'s GEMM at `tile` on this adapter: the tuning
     /// override when set, else the first of the rule's blocks that fits; an
     /// error (the coop variant declines) when none does.
-    pub fn choose(tile: u32, direction: ConvDirection, caps: &GpuCapabilities) -> Result<Self> {
+    pub fn choose(
+        tile: u32,
+        direction: ConvDirection,
+        cols: usize,
+        caps: &GpuCapabilities,
+    ) -> Result<Self> {
         let pinned = match std::env::var(BLOCK_ENV) {
             Ok(text) => Self::from_env(tile, direction, &text).ok_or(AetherError::InvalidEnv {
                 var: BLOCK_ENV,
@@ -95,7 +100,7 @@ impl CoopBlock {
         };
         let candidates = match pinned {
             Some(block) => vec![block],
-            None => Self::preferred(tile, direction),
+            None => Self::preferred(tile, direction, cols),
         };
         let mut reasons = Vec::new();
         for block in candidates {
@@ -113,19 +118,23 @@ impl CoopBlock {
 
     /// The blocks for `direction`, best first: the measured rule, then smaller
     /// ones for adapters with less workgroup memory or fewer invocations.
-    fn preferred(tile: u32, direction: ConvDirection) -> Vec<Self> {
+    fn preferred(tile: u32, direction: ConvDirection, cols: usize) -> Vec<Self> {
         let block = |subgroups, tiles, k_tiles| Self {
             tile,
             subgroups,
             tiles,
             k_tiles,
         };
-        // Measured on the H200 (docs/perf-notes.md, entry 5), the v1 model's
-        // five convs at batch 256 against the 2x2x2x2x2 block: forward and dinput
-        // 7-9% faster with 4x2 subgroups of 4x2 tiles (256 x 64 outputs), dweight
-        // 6% faster staging 4 tiles of its long reduction per step; every other
-        // block tried was slower on at least one direction.
+        // Measured on the H200 (docs/perf-notes.md, entries 5 and 10), the v1
+        // model's five convs at batch 256 against the 2x2x2x2x2 block: forward
+        // and dinput 7-9% faster with 4x2 subgroups of 4x2 tiles (256 x 64
+        // outputs), and outputs at most two tiles wide (32 channels) faster
+        // still with 8x1 subgroups of 2x2 tiles (256 x 32: no idle half);
+        // dweight 6% faster staging 4 tiles of its long reduction per step.
+        // Every other block tried was slower on at least one direction.
+        let narrow = cols <= 2 * tile as usize;
         let rule = match direction {
+            ConvDirection::Forward | ConvDirection::DInput if narrow => block([8, 1], [2, 2], 2),
             ConvDirection::Forward | ConvDirection::DInput => block([4, 2], [4, 2], 2),
             ConvDirection::DWeight => block([2, 2], [2, 2], 4),
         };
@@ -305,5 +314,14 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn narrow_outputs_get_a_block_without_idle_columns() {
+        let first = |direction, cols| CoopBlock::preferred(16, direction, cols)[0];
+        assert_eq!(first(ConvDirection::Forward, 32).dims(), (256, 32, 32));
+        assert_eq!(first(ConvDirection::DInput, 24).dims(), (256, 32, 32));
+        assert_eq!(first(ConvDirection::Forward, 33).dims(), (256, 64, 32));
+        assert_eq!(first(ConvDirection::DWeight, 32).dims(), (64, 64, 64));
     }
 }
