@@ -6,8 +6,10 @@ mod common;
 
 use std::sync::Arc;
 
+use aether::conv::Padding;
 use aether::gpu::{DevicePreference, GpuContext, GpuOptions, PipelineKey};
-use aether::{Device, Tensor, diagnostics};
+use aether::nn::{BatchNorm, Conv2d, Dense, GlobalAvgPool, MaxPool2d, ReLU};
+use aether::{Device, Model, Tensor, diagnostics};
 use common::{Rng, report, skip, test_gpu_options};
 
 /// A private context for one test, or `None` after a visible skip.
@@ -215,6 +217,51 @@ fn timestamp_queries_time_each_dispatch() {
     assert_eq!(labels, ["relu", "relu"]);
     assert!(times.iter().all(|t| t.nanos.is_finite() && t.nanos >= 0.0));
     report(&format!("[aether-test] relu x4096 GPU times: {times:?}"));
+}
+
+/// Two training steps and a prediction of a small model that runs every
+/// parameterised kernel family (conv, batch norm, pooling, dense, loss, Adam).
+fn train_small_model(device: &Device) -> (Vec<f32>, Vec<f32>) {
+    let (x, y) = aether::data::synthetic_images(4, 6, 6, 3);
+    let mut model = Model::new().seed(7);
+    model
+        .add(Conv2d::new(5, (3, 3), Padding::Same))
+        .add(BatchNorm::new(0.9, 1e-5))
+        .add(ReLU::default())
+        .add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid))
+        .add(GlobalAvgPool::default())
+        .add(Dense::new(3));
+    let mut model = common::ready_model(model, device, &[6, 6, 3]);
+    let mut losses = Vec::new();
+    for _ in 0..2 {
+        let (loss, _) = model.train_batch(&x, &y).unwrap();
+        losses.extend(loss.to_vec_f32().unwrap());
+    }
+    (losses, model.predict(&x, 4, true).unwrap())
+}
+
+#[test]
+fn parameters_in_immediates_and_in_uniform_buffers_give_the_same_results() {
+    let Some(with) = own_context(&test_gpu_options()) else {
+        return;
+    };
+    let without = own_context(&GpuOptions {
+        disable_immediates: true,
+        ..test_gpu_options()
+    })
+    .unwrap();
+    assert!(!without.caps().params_in_immediates());
+    if !with.caps().params_in_immediates() {
+        skip("adapter has too few immediate bytes; only the uniform path exists");
+        return;
+    }
+    let a = train_small_model(&Device::Gpu(with));
+    let b = train_small_model(&Device::Gpu(without));
+    assert!(a.0.iter().chain(&a.1).all(|v| v.is_finite()));
+    assert_eq!(
+        a, b,
+        "the same kernels on the same adapter must agree bit for bit"
+    );
 }
 
 #[test]
