@@ -9,7 +9,9 @@
 //!   wait, each step synchronised on its own (what a caller of `train_batch`
 //!   waits for when it reads the loss every step); and pipelined: `--repeats`
 //!   steps back to back, one wait at the end, divided by the count; and the
-//!   host's share: the time to upload the batch and record the step.
+//!   host's share: the time to upload the batch and record the step; and the
+//!   first step alone (pipeline compilation, or loading from the persistent
+//!   pipeline cache of `AETHER_CACHE_DIR`).
 //! - Per conv layer: forward and backward GPU time (timestamp queries around
 //!   every dispatch of the layer, medians over the repeats), TFLOP/s of the
 //!   GEMMs, and the kernel variant the planner chose.
@@ -95,6 +97,9 @@ struct Report {
     pipelined_ms_per_step: f64,
     /// Host time to upload the batch and record the step (median).
     record_ms: f64,
+    /// The first step, synchronised: pipeline compilation (or loading from the
+    /// persistent cache), first allocations and optimizer state included.
+    first_step_ms: f64,
     images_per_s: f64,
     dispatches_per_step: Option<usize>,
     submissions_per_step: Option<usize>,
@@ -146,6 +151,10 @@ fn run(args: &Args) -> Result<()> {
         }
         None => Ok(()),
     };
+    let first = Instant::now();
+    model.train_batch(&x, &y)?;
+    sync()?;
+    let first_step_ms = first.elapsed().as_secs_f64() * 1e3;
     // Warm up for at least a second: the first process on a fresh device
     // machine measured 12-14 ms synchronised steps after only 3 warm-up steps,
     // 5.3-5.4 ms in the next process (docs/perf-notes.md, entry 9).
@@ -182,6 +191,7 @@ fn run(args: &Args) -> Result<()> {
         ms_per_step,
         pipelined_ms_per_step,
         record_ms,
+        first_step_ms,
         images_per_s: batch as f64 / ms_per_step * 1e3,
         dispatches_per_step: None,
         submissions_per_step: None,
@@ -304,6 +314,10 @@ fn print_report(r: &Report) {
         "v1 CIFAR-10 model, batch {}, 32x32x3: {:.3} ms/step (median of {} synchronised steps), \
          {:.0} images/s; pipelined {:.3} ms/step; host time to record a step {:.3} ms",
         r.batch, r.ms_per_step, r.repeats, r.images_per_s, r.pipelined_ms_per_step, r.record_ms
+    );
+    println!(
+        "first step {:.1} ms (pipelines compiled, or loaded from the persistent cache)",
+        r.first_step_ms
     );
     let (Some(dispatches), Some(submissions), Some(peak), Some(pool), Some(gpu_ms)) = (
         r.dispatches_per_step,
