@@ -67,7 +67,12 @@ impl CoopBlock {
         }
         let (bm, bn, bk) = self.dims();
         let threads = self.subgroup_count() * max;
-        if threads > caps.limits.max_compute_invocations_per_workgroup {
+        let limits = &caps.limits;
+        if threads
+            > limits
+                .max_compute_invocations_per_workgroup
+                .min(limits.max_compute_workgroup_size_x)
+        {
             return Err(format!("block {self}: {threads} invocations per workgroup"));
         }
         let bytes = self.workgroup_bytes();
