@@ -307,14 +307,6 @@ impl ConvVariant {
     }
 }
 
-impl ConvVariant {
-    /// Output rows and columns per workgroup, and the reduction depth per step,
-    /// of the portable variants (the coop block is chosen per shape: [`CoopBlock`]).
-    fn portable_block() -> (u32, u32, u32) {
-        (PORTABLE_TILE, PORTABLE_TILE, PORTABLE_TILE_K)
-    }
-}
-
 /// The portable kernels' output tile: `PORTABLE_TILE x PORTABLE_TILE` per
 /// workgroup of 16x16 threads, each thread computing 4x4 outputs.
 pub const PORTABLE_TILE: u32 = 64;
@@ -398,9 +390,33 @@ impl ConvKernel {
         self.pipeline_reading(ctx, plan, meta, &[])
     }
 
+    /// The pipeline reading as f32 those of `f32_inputs` whose tensors are f32
+    /// (`inputs_f32`, in the same order) where `plan`'s variant takes f16
+    /// operands, or the plain pipeline should that one fail to compile (it has
+    /// warned); with whether the f32 reads were kept. Planning and dispatch both
+    /// ask this, so the pipeline a plan is checked with is the one it runs.
+    pub fn pipeline_for_inputs(
+        &self,
+        ctx: &GpuContext,
+        plan: &ConvLaunchPlan,
+        meta: &ConvShapeMeta,
+        inputs_f32: &[bool],
+    ) -> Option<(Arc<wgpu::ComputePipeline>, bool)> {
+        let reads: Vec<bool> = inputs_f32
+            .iter()
+            .map(|&f32_tensor| f32_tensor && plan.variant.f16_operands())
+            .collect();
+        if reads.contains(&true)
+            && let Some(pipeline) = self.pipeline_reading(ctx, plan, meta, &reads)
+        {
+            return Some((pipeline, true));
+        }
+        self.pipeline(ctx, plan, meta).map(|p| (p, false))
+    }
+
     /// [`Self::pipeline`] reading the inputs flagged in `f32_reads` (in the
     /// order of `f32_inputs`; missing flags are false) as f32.
-    pub fn pipeline_reading(
+    fn pipeline_reading(
         &self,
         ctx: &GpuContext,
         plan: &ConvLaunchPlan,
@@ -516,11 +532,14 @@ impl ConvPlans {
 /// The plan of the first candidate variant that accepts the shape and compiles.
 /// `plan_variant` declines a shape by returning an error (its message is the
 /// reason); a decline that leads to a later variant is announced once.
+/// `inputs_f32` says which of the kernel's `f32_inputs` are f32 tensors (see
+/// [`ConvKernel::pipeline_for_inputs`]).
 pub(crate) fn plan_first(
     ctx: &GpuContext,
     plans: &ConvPlans,
     kernel: &ConvKernel,
     meta: &ConvShapeMeta,
+    inputs_f32: &[bool],
     mut plan_variant: impl FnMut(ConvVariant) -> Result<ConvLaunchPlan>,
 ) -> Result<ConvLaunchPlan> {
     let mut declined: Vec<String> = Vec::new();
@@ -536,7 +555,10 @@ pub(crate) fn plan_first(
                 continue;
             }
         };
-        if kernel.pipeline(ctx, &plan, meta).is_none() {
+        if kernel
+            .pipeline_for_inputs(ctx, &plan, meta, inputs_f32)
+            .is_none()
+        {
             declined.push(format!("{} failed to compile", variant.name()));
             continue;
         }
@@ -648,7 +670,10 @@ impl ConvLaunchPlan {
             }
             _ => None,
         };
-        let (tile_m, tile_n, tile_k) = coop.map_or_else(ConvVariant::portable_block, |b| b.dims());
+        let (tile_m, tile_n, tile_k) = coop
+            .map_or((PORTABLE_TILE, PORTABLE_TILE, PORTABLE_TILE_K), |b| {
+                b.dims()
+            });
         let grid = [
             rows.div_ceil(tile_m as usize),
             cols.div_ceil(tile_n as usize),

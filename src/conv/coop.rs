@@ -5,6 +5,7 @@
 use std::fmt;
 
 use super::common::ConvDirection;
+use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
 use crate::gpu::GpuCapabilities;
 
@@ -110,7 +111,19 @@ impl CoopBlock {
         let mut reasons = Vec::new();
         for block in candidates {
             match block.fits(caps) {
-                Ok(()) => return Ok(block),
+                Ok(()) if reasons.is_empty() => return Ok(block),
+                Ok(()) => {
+                    warn_once(
+                        &format!("coop-block:{direction:?}:{}", reasons.join(";")),
+                        &format!(
+                            "{direction:?} conv on {:?}: coop block {block} instead of the \
+                             preferred one, which does not fit: {}",
+                            caps.adapter_name,
+                            reasons.join("; ")
+                        ),
+                    );
+                    return Ok(block);
+                }
                 Err(reason) => reasons.push(reason),
             }
         }

@@ -45,7 +45,7 @@ pub fn conv2d_dinput(
         // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
         let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
         let classes = meta.stride_h * meta.stride_w;
-        plan_first(ctx, plans, &KERNEL, &meta, |variant| {
+        plan_first(ctx, plans, &KERNEL, &meta, &[], |variant| {
             accepts_operand(variant, w)?;
             ConvLaunchPlan::gemm(
                 ConvDirection::DInput,

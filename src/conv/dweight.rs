@@ -90,7 +90,7 @@ pub fn conv2d_dweight(
         ));
     };
     let plan = plans.get_or_plan(ConvDirection::DWeight, &meta, || {
-        plan_first(ctx, plans, &KERNEL, &meta, |variant| {
+        plan_first(ctx, plans, &KERNEL, &meta, &[], |variant| {
             accepts_operand(variant, x)?;
             accepts_operand(variant, dy)?;
             let rows = meta.k + 1;

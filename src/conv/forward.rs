@@ -51,8 +51,11 @@ pub fn conv2d_forward(
         );
         return Tensor::from_f32(meta.output_dims().to_vec(), out, &x.device());
     };
+    // An f32 input is read as f32 and converted while staging: no cast dispatch.
+    // Should that pipeline fail to compile (announced), the input is cast.
+    let x_f32 = [x.dtype() == DType::F32];
     let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
-        plan_first(ctx, plans, &KERNEL, &meta, |variant| {
+        plan_first(ctx, plans, &KERNEL, &meta, &x_f32, |variant| {
             accepts_operand(variant, w)?;
             ConvLaunchPlan::gemm(
                 ConvDirection::Forward,
@@ -62,20 +65,19 @@ pub fn conv2d_forward(
             )
         })
     })?;
-    // An f32 input is read as f32 and converted while staging: no cast dispatch.
-    // Should that pipeline fail to compile (announced), the input is cast.
-    let read_f32 = plan.variant.f16_operands() && x.dtype() == DType::F32;
-    let direct = read_f32
-        .then(|| KERNEL.pipeline_reading(ctx, &plan, &meta, &[true]))
-        .flatten();
-    let (pipeline, x_op) = match direct {
-        Some(pipeline) => (pipeline, x.clone()),
-        None => (
-            KERNEL
-                .pipeline(ctx, &plan, &meta)
-                .expect("planned variant compiled"),
-            gpu_operand("conv2d_forward input", x, plan.variant, false)?,
-        ),
+    // The plan was checked with this shape's input dtype; another dtype may need
+    // a pipeline that has not been compiled yet, which could still fail.
+    let (pipeline, read_f32) = KERNEL
+        .pipeline_for_inputs(ctx, &plan, &meta, &x_f32)
+        .ok_or_else(|| AetherError::NoKernelVariant {
+            kernel: KERNEL.name,
+            adapter: ctx.caps().adapter_name.clone(),
+            reasons: format!("{} failed to compile", plan.variant.name()),
+        })?;
+    let x_op = if read_f32 {
+        x.clone()
+    } else {
+        gpu_operand("conv2d_forward input", x, plan.variant, false)?
     };
     let w_op = gpu_operand("conv2d_forward weight", w, plan.variant, false)?;
     let out = Tensor::uninit_gpu(ctx, Shape::new(meta.output_dims())?, DType::F32)?;

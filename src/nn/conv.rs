@@ -162,7 +162,8 @@ impl Layer for Conv2d {
         let params = self.weights()?.params;
         let dims = x.shape().nhwc("Conv2d::backward input")?;
         // One fused cast feeds both gradients (dinput would otherwise cast dy again).
-        let (dy, x) = if f16_kernels_first(&x) && dy.dtype() == DType::F32 {
+        let both_f32 = dy.dtype() == DType::F32 && x.dtype() == DType::F32;
+        let (dy, x) = if f16_kernels_first(&x) && both_f32 {
             conv_backward_cast_fp16(dy, &x)?
         } else {
             (dy.clone(), x)
