@@ -1,27 +1,31 @@
 // The cooperative-matrix GEMM shared by the three conv directions, with the same
 // contract as portable_gemm.wgsl (gemm_rows, gemm_cols, reduction_range, load_a,
 // load_b, store_c) plus run loads: `load_a_run` / `load_b_run` return 8
-// consecutive elements along the operand's contiguous axis (A_RUNS_ALONG_K /
-// B_RUNS_ALONG_K say which), so the index arithmetic is done once per 8
-// elements. The host sets RUN_A / RUN_B to 8 when the shape keeps every run
-// inside one contiguous, in-bounds span (channel counts divisible by 8), else 1
-// (element loads).
+// consecutive elements along the operand's contiguous axis as a `Run` (two
+// vec4<f16>), so the index arithmetic is done once per 8 elements and a run
+// moves as two 8-byte values. A_RUNS_ALONG_K /
+// B_RUNS_ALONG_K say which axis that is. The host sets RUN_A / RUN_B to 8 when
+// the shape keeps every run inside one contiguous, in-bounds span (channel
+// counts divisible by 8), else 1 (element loads, packed here).
 //
 // The block geometry is written in by the host (src/conv/coop.rs) as constants:
 // T (the adapter's tile, 8 or 16), SUBGROUP, SG_M x SG_N subgroups each owning
-// TM x TN tiles, and KT tiles of reduction per step. So are the three generated
-// pieces marked `// generated:` below (declaring, multiplying and storing the
-// TM x TN accumulators, which WGSL cannot hold in an indexable array).
+// TM x TN tiles, KT tiles of reduction per step, and the run axes. So are the
+// three generated pieces marked `// generated:` below (declaring, multiplying
+// and storing the TM x TN accumulators, which WGSL cannot hold in an indexable
+// array).
 //
 // Each step, the workgroup stages a BM x BK slice of A and a BK x BN slice of B
 // in workgroup memory as f16 (zeros outside the matrix) and the subgroups
-// multiply-accumulate in f32. The next slice is fetched from global memory into
+// multiply-accumulate in f32. Each operand is staged with its runs contiguous
+// (A as [BM][BK] when its runs go along K, else as [BK][BM]; likewise B), so
+// every run is two 8-byte stores, and the matrix loads read it row- or
+// column-major to match. The next slice is fetched from global memory into
 // registers while the current one is multiplied, so load latency overlaps the
-// MMAs. Rows in workgroup memory are padded by 8 halves (16 bytes): rows stay
-// 16-byte aligned for the matrix loads and successive rows start in different
-// banks. Results go out one tile at a time through a per-subgroup scratch tile,
-// so edge tiles are written with predicated stores only: no access outside any
-// buffer.
+// MMAs. Staged rows are padded by 8 halves (16 bytes): rows stay 16-byte aligned
+// for the matrix loads and successive rows start in different banks. Results go
+// out one tile at a time through a per-subgroup scratch tile, so edge tiles are
+// written with predicated stores only: no access outside any buffer.
 
 override RUN_A: u32;
 override RUN_B: u32;
@@ -30,21 +34,22 @@ const BM: u32 = SG_M * TM * T;
 const BN: u32 = SG_N * TN * T;
 const BK: u32 = KT * T;
 const THREADS: u32 = SG_M * SG_N * SUBGROUP;
-// Elements staged per group: a run, or 8 single loads along the same axis.
+// Elements per run: a run, or 8 single loads along the same axis.
 const GROUP: u32 = 8u;
-const LDA: u32 = BK + 8u;
-const LDB: u32 = BN + 8u;
+// Staged rows hold vec4<f16>, the element type the matrix loads count their
+// stride in (drivers read the pointer's components as matrix elements).
+// Row lengths in vec4 units: the run axis plus 8 halves of padding.
+const LDA: u32 = select(BM, BK, A_RUNS_ALONG_K) / 4u + 2u;
+const LDB: u32 = select(BN, BK, B_RUNS_ALONG_K) / 4u + 2u;
 const LDC: u32 = T + 4u;
 const A_GROUPS: u32 = BM * BK / GROUP;
 const B_GROUPS: u32 = BK * BN / GROUP;
 const A_SLOTS: u32 = (A_GROUPS + THREADS - 1u) / THREADS;
 const B_SLOTS: u32 = (B_GROUPS + THREADS - 1u) / THREADS;
 
-var<workgroup> stage_a: array<f16, BM * LDA>; // [BM][LDA]
-var<workgroup> stage_b: array<f16, BK * LDB>; // [BK][LDB]
+var<workgroup> stage_a: array<vec4<f16>, select(BK, BM, A_RUNS_ALONG_K) * LDA>;
+var<workgroup> stage_b: array<vec4<f16>, select(BK, BN, B_RUNS_ALONG_K) * LDB>;
 var<workgroup> stage_c: array<f32, SG_M * SG_N * T * LDC>; // one [T][LDC] per subgroup
-
-alias Group = array<f16, GROUP>;
 
 // Group g of the A slice: its first element (m, k) within the block.
 fn a_group_origin(g: u32) -> vec2<u32> {
@@ -62,25 +67,38 @@ fn b_group_origin(g: u32) -> vec2<u32> {
     return vec2<u32>(g / (BN / GROUP), (g % (BN / GROUP)) * GROUP);
 }
 
+// Index in stage_a of the vec4 holding element (m, k), m and k within the
+// block, the run-axis coordinate a multiple of 4.
+fn a_slot(m: u32, k: u32) -> u32 {
+    if (A_RUNS_ALONG_K) {
+        return m * LDA + k / 4u;
+    }
+    return k * LDA + m / 4u;
+}
+
+fn b_slot(k: u32, n: u32) -> u32 {
+    if (B_RUNS_ALONG_K) {
+        return n * LDB + k / 4u;
+    }
+    return k * LDB + n / 4u;
+}
+
 // Reads this thread's groups of A[row0.., k0..] from global memory.
-fn fetch_a(regs: ptr<function, array<Group, A_SLOTS>>, z: u32, row0: u32, k0: u32, rows: u32, k_end: u32, lidx: u32) {
+fn fetch_a(regs: ptr<function, array<Run, A_SLOTS>>, z: u32, row0: u32, k0: u32, rows: u32, k_end: u32, lidx: u32) {
     for (var s = 0u; s < A_SLOTS; s++) {
         let g = lidx + s * THREADS;
         let o = a_group_origin(g);
-        var group: Group;
+        var group = Run();
         if (RUN_A == GROUP) {
             if (g < A_GROUPS && row0 + o.x < rows && k0 + o.y < k_end) {
-                let run = load_a_run(z, row0 + o.x, k0 + o.y);
-                for (var j = 0u; j < GROUP; j++) {
-                    group[j] = f16(run[j]);
-                }
+                group = load_a_run(z, row0 + o.x, k0 + o.y);
             }
         } else if (g < A_GROUPS) {
             for (var j = 0u; j < GROUP; j++) {
                 let m = row0 + o.x + select(j, 0u, A_RUNS_ALONG_K);
                 let k = k0 + o.y + select(0u, j, A_RUNS_ALONG_K);
                 if (m < rows && k < k_end) {
-                    group[j] = f16(load_a(z, m, k));
+                    group[j / 4u][j % 4u] = f16(load_a(z, m, k));
                 }
             }
         }
@@ -89,24 +107,21 @@ fn fetch_a(regs: ptr<function, array<Group, A_SLOTS>>, z: u32, row0: u32, k0: u3
 }
 
 // Reads this thread's groups of B[k0.., col0..] from global memory.
-fn fetch_b(regs: ptr<function, array<Group, B_SLOTS>>, z: u32, col0: u32, k0: u32, cols: u32, k_end: u32, lidx: u32) {
+fn fetch_b(regs: ptr<function, array<Run, B_SLOTS>>, z: u32, col0: u32, k0: u32, cols: u32, k_end: u32, lidx: u32) {
     for (var s = 0u; s < B_SLOTS; s++) {
         let g = lidx + s * THREADS;
         let o = b_group_origin(g);
-        var group: Group;
+        var group = Run();
         if (RUN_B == GROUP) {
             if (g < B_GROUPS && k0 + o.x < k_end && col0 + o.y < cols) {
-                let run = load_b_run(z, k0 + o.x, col0 + o.y);
-                for (var j = 0u; j < GROUP; j++) {
-                    group[j] = f16(run[j]);
-                }
+                group = load_b_run(z, k0 + o.x, col0 + o.y);
             }
         } else if (g < B_GROUPS) {
             for (var j = 0u; j < GROUP; j++) {
                 let k = k0 + o.x + select(0u, j, B_RUNS_ALONG_K);
                 let n = col0 + o.y + select(j, 0u, B_RUNS_ALONG_K);
                 if (k < k_end && n < cols) {
-                    group[j] = f16(load_b(z, k, n));
+                    group[j / 4u][j % 4u] = f16(load_b(z, k, n));
                 }
             }
         }
@@ -114,34 +129,23 @@ fn fetch_b(regs: ptr<function, array<Group, B_SLOTS>>, z: u32, col0: u32, k0: u3
     }
 }
 
-fn stage_a_groups(regs: ptr<function, array<Group, A_SLOTS>>, lidx: u32) {
+fn stage_groups(regs_a: ptr<function, array<Run, A_SLOTS>>, regs_b: ptr<function, array<Run, B_SLOTS>>, lidx: u32) {
     for (var s = 0u; s < A_SLOTS; s++) {
         let g = lidx + s * THREADS;
         if (g < A_GROUPS) {
             let o = a_group_origin(g);
-            for (var j = 0u; j < GROUP; j++) {
-                if (A_RUNS_ALONG_K) {
-                    stage_a[o.x * LDA + o.y + j] = (*regs)[s][j];
-                } else {
-                    stage_a[(o.x + j) * LDA + o.y] = (*regs)[s][j];
-                }
-            }
+            let slot = a_slot(o.x, o.y);
+            stage_a[slot] = (*regs_a)[s][0];
+            stage_a[slot + 1u] = (*regs_a)[s][1];
         }
     }
-}
-
-fn stage_b_groups(regs: ptr<function, array<Group, B_SLOTS>>, lidx: u32) {
     for (var s = 0u; s < B_SLOTS; s++) {
         let g = lidx + s * THREADS;
         if (g < B_GROUPS) {
             let o = b_group_origin(g);
-            for (var j = 0u; j < GROUP; j++) {
-                if (B_RUNS_ALONG_K) {
-                    stage_b[(o.x + j) * LDB + o.y] = (*regs)[s][j];
-                } else {
-                    stage_b[o.x * LDB + o.y + j] = (*regs)[s][j];
-                }
-            }
+            let slot = b_slot(o.x, o.y);
+            stage_b[slot] = (*regs_b)[s][0];
+            stage_b[slot + 1u] = (*regs_b)[s][1];
         }
     }
 }
@@ -174,13 +178,12 @@ fn main(
     let sub_row = (sg / SG_N) * TM * T;
     let sub_col = (sg % SG_N) * TN * T;
     // generated: accumulators acc_i_j
-    var regs_a: array<Group, A_SLOTS>;
-    var regs_b: array<Group, B_SLOTS>;
+    var regs_a: array<Run, A_SLOTS>;
+    var regs_b: array<Run, B_SLOTS>;
     fetch_a(&regs_a, z, row0, range.x, rows, range.y, lidx);
     fetch_b(&regs_b, z, col0, range.x, cols, range.y, lidx);
     for (var k0 = range.x; k0 < range.y; k0 += BK) {
-        stage_a_groups(&regs_a, lidx);
-        stage_b_groups(&regs_b, lidx);
+        stage_groups(&regs_a, &regs_b, lidx);
         workgroupBarrier();
         if (k0 + BK < range.y) {
             fetch_a(&regs_a, z, row0, k0 + BK, rows, range.y, lidx);

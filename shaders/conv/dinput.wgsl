@@ -5,8 +5,8 @@
 // zero-fill.
 //   rows: (n, h, w) of the class; cols: c_in; reduction: (tap r, tap s, c_out).
 
-@group(0) @binding(0) var<storage, read> dy: array<operand>;
-@group(0) @binding(1) var<storage, read> w: array<operand>;
+@group(0) @binding(0) var<storage, read> dy: array<dy_elem>;
+@group(0) @binding(1) var<storage, read> w: array<w_elem>;
 @group(0) @binding(2) var<storage, read_write> dx: array<f32>;
 
 struct Params {
@@ -109,7 +109,7 @@ fn load_a(z: u32, row: u32, red: u32) -> f32 {
     if (offset < 0) {
         return 0.0;
     }
-    return f32(dy[offset]);
+    return dy_at(u32(offset));
 }
 
 fn w_offset(z: u32, red: u32, col: u32) -> u32 {
@@ -118,19 +118,16 @@ fn w_offset(z: u32, red: u32, col: u32) -> u32 {
 }
 
 fn load_b(z: u32, red: u32, col: u32) -> f32 {
-    return f32(w[w_offset(z, red, col)]);
+    return w_at(w_offset(z, red, col));
 }
 
 // Runs for the coop core: both operands along the reduction, whose fastest
 // index is the output channel (C_OUT % 8 == 0 keeps a run inside one tap).
-const A_RUNS_ALONG_K: bool = true;
-const B_RUNS_ALONG_K: bool = true;
-
-fn load_a_run(z: u32, row: u32, red: u32) -> array<operand, 8> {
+fn load_a_run(z: u32, row: u32, red: u32) -> Run {
     return dy_run(dy_offset(z, row, red));
 }
 
-fn load_b_run(z: u32, red: u32, col: u32) -> array<operand, 8> {
+fn load_b_run(z: u32, red: u32, col: u32) -> Run {
     return w_run(i32(w_offset(z, red, col)));
 }
 

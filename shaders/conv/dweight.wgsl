@@ -2,8 +2,8 @@
 // slice of the M reduction. Row K is a row of ones, so it holds sum(dY): dbias,
 // fused into the same GEMM. Pass 2 (dweight_reduce) sums the slices in order.
 
-@group(0) @binding(0) var<storage, read> x: array<operand>;
-@group(0) @binding(1) var<storage, read> dy: array<operand>;
+@group(0) @binding(0) var<storage, read> x: array<x_elem>;
+@group(0) @binding(1) var<storage, read> dy: array<dy_elem>;
 @group(0) @binding(2) var<storage, read_write> partial: array<f32>;
 
 struct Params {
@@ -35,24 +35,21 @@ fn load_a(z: u32, row: u32, red: u32) -> f32 {
 }
 
 fn load_b(z: u32, red: u32, col: u32) -> f32 {
-    return f32(dy[red * C_OUT + col]);
+    return dy_at(red * C_OUT + col);
 }
 
 // Runs for the coop core: A along its rows (channels of a tap, then the row of
 // ones, which starts a run of its own since K % 8 == 0), B along C_out.
-const A_RUNS_ALONG_K: bool = false;
-const B_RUNS_ALONG_K: bool = false;
-
-fn load_a_run(z: u32, row: u32, red: u32) -> array<operand, 8> {
+fn load_a_run(z: u32, row: u32, red: u32) -> Run {
     if (row == R * S * C_IN) {
-        var ones: array<operand, 8>;
-        ones[0] = operand(1.0);
+        var ones: Run;
+        ones[0][0] = operand(1.0);
         return ones;
     }
     return im2col_run(red, row);
 }
 
-fn load_b_run(z: u32, red: u32, col: u32) -> array<operand, 8> {
+fn load_b_run(z: u32, red: u32, col: u32) -> Run {
     return dy_run(i32(red * C_OUT + col));
 }
 

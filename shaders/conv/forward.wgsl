@@ -1,7 +1,7 @@
 // Forward: Out[M, C_out] = im2col(X)[M, K] x W[K, C_out] + bias, no im2col buffer.
 
 @group(0) @binding(0) var<storage, read> x: array<x_elem>;
-@group(0) @binding(1) var<storage, read> w: array<operand>;
+@group(0) @binding(1) var<storage, read> w: array<w_elem>;
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
@@ -27,18 +27,15 @@ fn load_a(z: u32, row: u32, red: u32) -> f32 {
 }
 
 fn load_b(z: u32, red: u32, col: u32) -> f32 {
-    return f32(w[red * C_OUT + col]);
+    return w_at(red * C_OUT + col);
 }
 
 // Runs for the coop core: A along K (channels of a tap), B along C_out.
-const A_RUNS_ALONG_K: bool = true;
-const B_RUNS_ALONG_K: bool = false;
-
-fn load_a_run(z: u32, row: u32, red: u32) -> array<operand, 8> {
+fn load_a_run(z: u32, row: u32, red: u32) -> Run {
     return im2col_run(row, red);
 }
 
-fn load_b_run(z: u32, red: u32, col: u32) -> array<operand, 8> {
+fn load_b_run(z: u32, red: u32, col: u32) -> Run {
     return w_run(i32(red * C_OUT + col));
 }
 

@@ -22,11 +22,12 @@ fn im2col(m: u32, k: u32) -> f32 {
     if (offset < 0) {
         return 0.0;
     }
-    return f32(x[offset]);
+    return x_at(u32(offset));
 }
 
-// Elements (m, k .. k + 7): 8 consecutive input channels of one tap, one index
-// computation. Needs C_IN % 8 == 0 and k % 8 == 0, so the run never crosses a tap.
-fn im2col_run(m: u32, k: u32) -> array<operand, 8> {
+// Elements (m, k .. k + 7) as a run: 8 consecutive input channels of one tap, one
+// index computation. Needs C_IN % 8 == 0 and k % 8 == 0, so the run never
+// crosses a tap and starts at a multiple of 8.
+fn im2col_run(m: u32, k: u32) -> Run {
     return x_run(im2col_offset(m, k));
 }

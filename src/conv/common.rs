@@ -342,41 +342,78 @@ pub(crate) struct ConvKernel {
     pub name: &'static str,
     pub parts: &'static [&'static str],
     pub gemm: Option<GemmRuns>,
-    /// Bindings declared as `array<{name}_elem>`: `f32` when the pipeline reads
-    /// that input as f32 (converting while staging, so no cast dispatch runs
-    /// before it), else `operand`.
+    /// GEMM operand bindings the pipeline can read as f32 tensors where the
+    /// variant's operands are f16 (converting while staging, so no cast
+    /// dispatch runs before it).
     pub f32_inputs: &'static [&'static str],
 }
 
-/// The bindings a GEMM kernel reads A and B from, and when the coop core may
-/// load them in runs of [`GEMM_RUN`] consecutive elements: a shape whose
-/// channel counts keep every run inside one contiguous span.
+/// The bindings a GEMM kernel reads A and B from, the axis their runs of
+/// [`GEMM_RUN`] consecutive elements go along, and when the coop core may load
+/// them in runs: a shape whose channel counts keep every run inside one
+/// contiguous, aligned span.
 pub(crate) struct GemmRuns {
     pub a: &'static str,
     pub b: &'static str,
+    /// Whether A's and B's runs go along the reduction axis (else along M / N).
+    pub along_k: [bool; 2],
     pub fits: fn(&ConvShapeMeta) -> [bool; 2],
 }
 
-/// Elements per run load in the coop core (`RUN` in coop_gemm.wgsl).
+/// Elements per run load in the coop core (`GROUP` in coop_gemm.wgsl).
 pub(crate) const GEMM_RUN: usize = 8;
 
-/// WGSL `{name}_run(offset)`: the 8 elements of binding `name` from `offset`,
-/// or zeros where `offset` is -1 (padding).
-fn run_reader(name: &str) -> String {
-    format!(
-        "fn {name}_run(offset: i32) -> array<operand, 8> {{
-    var run: array<operand, 8>;
-    if (offset < 0) {{
-        return run;
-    }}
+/// WGSL reading GEMM operand binding `name`: its element type `{name}_elem`,
+/// `{name}_at(i)` (element i as f32) and `{name}_run(offset)` (the 8 elements
+/// from `offset` as a `Run`, zeros where `offset` is -1: padding).
+/// `f32_storage` says whether the tensor holds f32 (else f16). A `vectorized`
+/// binding (coop kernels whose runs fit, so every run offset is a multiple of
+/// 8) is declared as vec4s, so a run is two 8-byte (f16) or 16-byte (f32)
+/// loads; the pool sizes every buffer in 256-byte granules, so the vector view
+/// covers the whole tensor.
+fn operand_reader(name: &str, f32_storage: bool, vectorized: bool) -> String {
+    let scalar = if f32_storage { "f32" } else { "operand" };
+    let (elem, at, run) = if vectorized {
+        (
+            format!("vec4<{scalar}>"),
+            format!("return f32({name}[i >> 2u][i & 3u]);"),
+            format!(
+                "let q = u32(offset) >> 2u;
+    return Run(vec4<operand>({name}[q]), vec4<operand>({name}[q + 1u]));"
+            ),
+        )
+    } else {
+        (
+            scalar.to_owned(),
+            format!("return f32({name}[i]);"),
+            format!(
+                "var run: Run;
     for (var j = 0u; j < 8u; j++) {{
-        run[j] = operand({name}[u32(offset) + j]);
+        run[j / 4u][j % 4u] = operand({name}_at(u32(offset) + j));
     }}
-    return run;
+    return run;"
+            ),
+        )
+    };
+    format!(
+        "alias {name}_elem = {elem};
+
+fn {name}_at(i: u32) -> f32 {{
+    {at}
+}}
+
+fn {name}_run(offset: i32) -> Run {{
+    if (offset < 0) {{
+        return Run();
+    }}
+    {run}
 }}
 "
     )
 }
+
+/// A run of [`GEMM_RUN`] operands as the coop core stages them.
+const RUN_TYPE: &str = "alias Run = array<vec4<operand>, 2>;\n";
 
 impl ConvKernel {
     /// The compiled pipeline of this kernel for `plan` and `meta`'s geometry;
@@ -431,34 +468,41 @@ impl ConvKernel {
             key.source_constants.push(("F32_INPUTS", mask));
         }
         let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
-        if let (Some(runs), Some(block)) = (&self.gemm, plan.coop) {
-            let run = |fits: bool| if fits { GEMM_RUN as u32 } else { 1 };
-            let [a, b] = (runs.fits)(meta);
-            key = key.with("RUN_A", run(a)).with("RUN_B", run(b));
-            key.source_constants.extend(block.constants(subgroup));
-        }
+        let fits = match (&self.gemm, plan.coop) {
+            (Some(runs), Some(block)) => {
+                let fits = (runs.fits)(meta);
+                let run = |fits: bool| if fits { GEMM_RUN as u32 } else { 1 };
+                key = key.with("RUN_A", run(fits[0])).with("RUN_B", run(fits[1]));
+                key.source_constants.extend(block.constants(subgroup));
+                fits
+            }
+            _ => [false; 2],
+        };
         // The source is only built on a cache miss: this runs on every dispatch.
         ctx.pipelines().get_or_create(&key, "main", || {
-            let elems: String = self
-                .f32_inputs
-                .iter()
-                .enumerate()
-                .map(|(i, name)| {
-                    let elem = if f32_read(i) { "f32" } else { "operand" };
-                    format!("alias {name}_elem = {elem};\n")
-                })
-                .collect();
-            let mut parts: Vec<&str> = vec![&elems];
-            parts.extend(self.parts);
+            let mut parts: Vec<&str> = Vec::new();
             let (readers, core);
             if let Some(runs) = &self.gemm {
-                readers = run_reader(runs.a) + &run_reader(runs.b);
+                let f32_storage = |name: &str| {
+                    !variant.f16_operands()
+                        || self
+                            .f32_inputs
+                            .iter()
+                            .position(|&input| input == name)
+                            .is_some_and(f32_read)
+                };
+                readers = RUN_TYPE.to_owned()
+                    + &operand_reader(runs.a, f32_storage(runs.a), fits[0])
+                    + &operand_reader(runs.b, f32_storage(runs.b), fits[1]);
                 parts.push(&readers);
+                parts.extend(self.parts);
                 core = match plan.coop {
-                    Some(block) => Cow::Owned(block.core_source(COOP_GEMM, subgroup)),
+                    Some(block) => Cow::Owned(block.core_source(COOP_GEMM, subgroup, runs.along_k)),
                     None => Cow::Borrowed(PORTABLE_GEMM),
                 };
                 parts.push(&core);
+            } else {
+                parts.extend(self.parts);
             }
             shader_source(variant, &parts).into()
         })

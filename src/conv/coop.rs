@@ -48,12 +48,14 @@ impl CoopBlock {
         self.subgroups[0] * self.subgroups[1]
     }
 
-    /// Workgroup memory the core declares (see coop_gemm.wgsl: padded A and B
-    /// slices, one f32 scratch tile per subgroup).
+    /// Workgroup memory the core declares (see coop_gemm.wgsl: A and B slices
+    /// padded by 8 halves along their run axis, one f32 scratch tile per
+    /// subgroup), for the larger padding of either run axis.
     pub fn workgroup_bytes(&self) -> u32 {
         let (bm, bn, bk) = self.dims();
         let t = self.tile;
-        bm * (bk + 8) * 2 + bk * (bn + 8) * 2 + self.subgroup_count() * t * (t + 4) * 4
+        let padded = |rows: u32, cols: u32| rows * cols + 8 * rows.max(cols);
+        (padded(bm, bk) + padded(bk, bn)) * 2 + self.subgroup_count() * t * (t + 4) * 4
     }
 
     /// Whether this block runs on the adapter: a fixed subgroup size, the
@@ -212,7 +214,11 @@ impl CoopBlock {
     }
 
     /// coop_gemm.wgsl with this block's constants and generated pieces filled in.
-    pub fn core_source(&self, template: &str, subgroup: u32) -> String {
+    /// The core's WGSL for this block: `template` with the constants and the
+    /// generated pieces filled in. `runs_along_k` says, for A and B, whether the
+    /// kernel's runs go along the reduction (see coop_gemm.wgsl), which picks
+    /// the staged layout and so the matrix loads' row or column order.
+    pub fn core_source(&self, template: &str, subgroup: u32, runs_along_k: [bool; 2]) -> String {
         let t = self.tile;
         let mat = format!("coop_mat{t}x{t}");
         let [tm, tn] = self.tiles;
@@ -221,6 +227,13 @@ impl CoopBlock {
         for (name, value) in self.constants(subgroup) {
             consts += &format!("const {name}: u32 = {value}u;\n");
         }
+        let [a_along_k, b_along_k] = runs_along_k;
+        consts += &format!("const A_RUNS_ALONG_K: bool = {a_along_k};\n");
+        consts += &format!("const B_RUNS_ALONG_K: bool = {b_along_k};\n");
+        // A staged [BM][BK] is row-major for the A tile, [BK][BM] column-major;
+        // B staged [BK][BN] is row-major for the B tile, [BN][BK] column-major.
+        let load = |row_major: bool| if row_major { "coopLoadT" } else { "coopLoad" };
+        let (load_a, load_b) = (load(a_along_k), load(!b_along_k));
         let mut decls = String::new();
         let mut step = String::new();
         let mut stores = String::new();
@@ -229,12 +242,12 @@ impl CoopBlock {
         }
         for i in 0..tm {
             step += &format!(
-                "            let a_{i} = coopLoadT<{mat}<f16, A>>(&stage_a[(sub_row + {i}u * T) * LDA + kk], LDA);\n"
+                "            let a_{i} = {load_a}<{mat}<f16, A>>(&stage_a[a_slot(sub_row + {i}u * T, kk)], LDA);\n"
             );
         }
         for j in 0..tn {
             step += &format!(
-                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&stage_b[kk * LDB + sub_col + {j}u * T], LDB);\n"
+                "            let b_{j} = {load_b}<{mat}<f16, B>>(&stage_b[b_slot(kk, sub_col + {j}u * T)], LDB);\n"
             );
         }
         for (i, j) in tiles() {
@@ -278,13 +291,16 @@ mod tests {
             tiles: [3, 2],
             k_tiles: 2,
         };
-        let src = block.core_source(TEMPLATE, 32);
+        let src = block.core_source(TEMPLATE, 32, [false, false]);
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
         assert!(!src.lines().any(marker), "a marker was left unreplaced");
         assert!(src.contains("var acc_2_1 = coop_mat16x16<f32, C>();"));
         assert!(src.contains("acc_2_1 = coopMultiplyAdd(a_2, b_1, acc_2_1);"));
         assert!(!src.contains("acc_3_0"));
         assert!(src.contains("const TM: u32 = 3u;"));
+        // A's runs go along M: staged [BK][BM], so its tiles load column-major.
+        assert!(src.contains("let a_2 = coopLoad<coop_mat16x16<f16, A>>(&stage_a[a_slot("));
+        assert!(src.contains("let b_1 = coopLoadT<coop_mat16x16<f16, B>>(&stage_b[b_slot("));
     }
 
     #[test]
@@ -295,10 +311,11 @@ mod tests {
             tiles: [2, 2],
             k_tiles: 2,
         };
-        // A 64 x 40 halves, B 32 x 72 halves, 4 scratch tiles of 16 x 20 f32.
+        // A 64 x 32 and B 32 x 64 halves, each padded by 8 halves per row of
+        // the longer run axis (64), and 4 scratch tiles of 16 x 20 f32.
         assert_eq!(
             block.workgroup_bytes(),
-            64 * 40 * 2 + 32 * 72 * 2 + 4 * 16 * 20 * 4
+            (64 * 40 + 32 * 80) * 2 + 4 * 16 * 20 * 4
         );
     }
 

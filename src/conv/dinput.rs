@@ -18,6 +18,7 @@ const KERNEL: ConvKernel = ConvKernel {
     gemm: Some(GemmRuns {
         a: "dy",
         b: "w",
+        along_k: [true, true],
         fits: |m| [m.c_out % GEMM_RUN == 0; 2],
     }),
     f32_inputs: &[],

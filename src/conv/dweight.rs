@@ -22,6 +22,7 @@ const KERNEL: ConvKernel = ConvKernel {
     gemm: Some(GemmRuns {
         a: "x",
         b: "dy",
+        along_k: [false, false],
         fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
     }),
     f32_inputs: &[],

@@ -17,6 +17,7 @@ const KERNEL: ConvKernel = ConvKernel {
     gemm: Some(GemmRuns {
         a: "x",
         b: "w",
+        along_k: [true, false],
         fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
     }),
     f32_inputs: &["x"],
