@@ -82,6 +82,9 @@ struct ConvRow {
     shape: String,
     forward_ms: f64,
     backward_ms: f64,
+    /// The backward's two GEMMs alone (split-K reduce and casts excluded).
+    dweight_ms: f64,
+    dinput_ms: f64,
     forward_tflops: f64,
     backward_tflops: f64,
     variant: String,
@@ -235,15 +238,23 @@ fn profile(
     let ctx = model.device().gpu_context().expect("gpu device").clone();
     let mut by_scope: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     let mut by_kernel: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut by_scope_kernel: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
     let mut totals = Vec::new();
     for _ in 0..repeats {
         let (_, times) = ctx.timed(1024, || model.train_batch(x, y))?;
         let mut scope_ms: BTreeMap<String, f64> = BTreeMap::new();
         let mut kernel_ms: BTreeMap<String, f64> = BTreeMap::new();
+        let mut scope_kernel_ms: BTreeMap<(String, String), f64> = BTreeMap::new();
         for t in &times {
             let scope = t.scope.as_deref().unwrap_or("upload").to_owned();
+            *scope_kernel_ms
+                .entry((scope.clone(), t.label.to_owned()))
+                .or_default() += t.nanos / 1e6;
             *scope_ms.entry(scope).or_default() += t.nanos / 1e6;
             *kernel_ms.entry(t.label.to_owned()).or_default() += t.nanos / 1e6;
+        }
+        for (k, v) in scope_kernel_ms {
+            by_scope_kernel.entry(k).or_default().push(v);
         }
         totals.push(times.iter().map(|t| t.nanos / 1e6).sum());
         for (k, v) in scope_ms {
@@ -290,11 +301,17 @@ fn profile(
         variants.sort();
         variants.dedup();
         let (forward_ms, backward_ms) = (ms("forward"), ms("backward"));
+        let kernel_ms = |label: &str| {
+            let key = (format!("{layer} {kind} backward"), label.to_owned());
+            by_scope_kernel.get(&key).cloned().map_or(0.0, median)
+        };
         report.convs.push(ConvRow {
             layer,
             shape: format!("{kind} {}x{}x{}->{}", meta.h, meta.w, meta.c_in, meta.c_out),
             forward_ms,
             backward_ms,
+            dweight_ms: kernel_ms("conv_dweight"),
+            dinput_ms: kernel_ms("conv_dinput"),
             forward_tflops: forward_flops / (forward_ms * 1e-3) / 1e12,
             backward_tflops: backward_flops / (backward_ms * 1e-3) / 1e12,
             variant: variants.join("+"),
@@ -337,8 +354,8 @@ fn print_report(r: &Report) {
         mib(pool)
     );
     println!(
-        "{:<5} {:<26} {:>10} {:>10} {:>9} {:>9}  variant",
-        "layer", "conv", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s"
+        "{:<5} {:<26} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9}  variant",
+        "layer", "conv", "fwd ms", "bwd ms", "dW ms", "dX ms", "fwd TF/s", "bwd TF/s"
     );
     // Two decimals on a GPU; enough digits to be non-zero on lavapipe.
     let tflops = |v: f64| {
@@ -350,11 +367,13 @@ fn print_report(r: &Report) {
     };
     for c in &r.convs {
         println!(
-            "{:<5} {:<26} {:>10.4} {:>10.4} {} {}  {}",
+            "{:<5} {:<26} {:>10.4} {:>10.4} {:>9.4} {:>9.4} {} {}  {}",
             c.layer,
             c.shape,
             c.forward_ms,
             c.backward_ms,
+            c.dweight_ms,
+            c.dinput_ms,
             tflops(c.forward_tflops),
             tflops(c.backward_tflops),
             c.variant

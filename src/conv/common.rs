@@ -709,9 +709,12 @@ impl ConvLaunchPlan {
         [rows, cols, z]: [usize; 3],
     ) -> Result<Self> {
         let coop = match variant {
-            ConvVariant::Coop { tile } => {
-                Some(CoopBlock::choose(tile, direction, cols, ctx.caps())?)
-            }
+            ConvVariant::Coop { tile } => Some(CoopBlock::choose(
+                tile,
+                direction,
+                [rows, cols],
+                ctx.caps(),
+            )?),
             _ => None,
         };
         let (tile_m, tile_n, tile_k) = coop

@@ -94,7 +94,7 @@ impl CoopBlock {
     pub fn choose(
         tile: u32,
         direction: ConvDirection,
-        cols: usize,
+        [rows, cols]: [usize; 2],
         caps: &GpuCapabilities,
     ) -> Result<Self> {
         let pinned = match std::env::var(BLOCK_ENV) {
@@ -108,7 +108,7 @@ impl CoopBlock {
         };
         let candidates = match pinned {
             Some(block) => vec![block],
-            None => Self::preferred(tile, direction, cols),
+            None => Self::preferred(tile, direction, rows, cols),
         };
         let mut reasons = Vec::new();
         for block in candidates {
@@ -136,29 +136,45 @@ impl CoopBlock {
         })
     }
 
-    /// The blocks for `direction`, best first: the measured rule, then smaller
-    /// ones for adapters with less workgroup memory or fewer invocations.
-    fn preferred(tile: u32, direction: ConvDirection, cols: usize) -> Vec<Self> {
+    /// The blocks for `direction`'s `rows x cols` GEMM, best first: the
+    /// measured rule, then smaller ones for adapters with less workgroup
+    /// memory or fewer invocations.
+    fn preferred(tile: u32, direction: ConvDirection, rows: usize, cols: usize) -> Vec<Self> {
         let block = |subgroups, tiles, k_tiles| Self {
             tile,
             subgroups,
             tiles,
             k_tiles,
         };
-        // Measured on the H200 (docs/perf-notes.md, entries 5 and 10), the v1
-        // model's five convs at batch 256 against the 2x2x2x2x2 block: forward
-        // and dinput 7-9% faster with 4x2 subgroups of 4x2 tiles (256 x 64
-        // outputs), and outputs at most two tiles wide (32 channels) faster
-        // still with 8x1 subgroups of 2x2 tiles (256 x 32: no idle half);
-        // dweight 6% faster staging 4 tiles of its long reduction per step.
-        // Every other block tried was slower on at least one direction.
-        let narrow = cols <= 2 * tile as usize;
+        // Measured on the H200 per layer of the v1 model at batch 256
+        // (docs/perf-notes.md, entry 13): 16 subgroups of 2x1 or 2x2 tiles
+        // (256 x 32 or 256 x 64 outputs) for tall forward and dinput GEMMs;
+        // 128 x 128 where fewer rows would leave the GPU part idle with
+        // 256-row blocks; dweight (a few hundred rows, a long split
+        // reduction) 128 rows by its output width. The 4096^3 GEMM (entry 12)
+        // prefers 256 x 128 (forward, dinput) and 128 x 128 (dweight).
+        let t = tile as usize;
+        let narrow = cols <= 2 * t;
+        let wide = cols >= 16 * t;
+        let tall = rows >= 2048 * t;
         let rule = match direction {
-            ConvDirection::Forward | ConvDirection::DInput if narrow => block([8, 1], [2, 2], 2),
-            ConvDirection::Forward | ConvDirection::DInput => block([4, 2], [4, 2], 2),
-            ConvDirection::DWeight => block([2, 2], [2, 2], 4),
+            ConvDirection::Forward | ConvDirection::DInput if narrow => block([8, 2], [2, 1], 2),
+            ConvDirection::Forward | ConvDirection::DInput if wide => block([4, 2], [4, 4], 2),
+            ConvDirection::Forward | ConvDirection::DInput if tall && cols <= 4 * t => {
+                block([8, 2], [2, 2], 2)
+            }
+            ConvDirection::Forward | ConvDirection::DInput => block([4, 4], [2, 2], 2),
+            ConvDirection::DWeight if narrow => block([4, 2], [2, 1], 2),
+            ConvDirection::DWeight if wide => block([2, 2], [4, 4], 2),
+            ConvDirection::DWeight if cols <= 4 * t => block([4, 2], [2, 2], 2),
+            ConvDirection::DWeight => block([2, 4], [2, 2], 2),
         };
-        vec![rule, block([2, 2], [2, 2], 2), block([2, 2], [1, 1], 1)]
+        vec![
+            rule,
+            block([4, 2], [4, 2], 2),
+            block([2, 2], [2, 2], 2),
+            block([2, 2], [1, 1], 1),
+        ]
     }
 
     /// The block `text` pins for `direction`: `Some(None)` where it names
@@ -352,11 +368,41 @@ mod tests {
     }
 
     #[test]
-    fn narrow_outputs_get_a_block_without_idle_columns() {
-        let first = |direction, cols| CoopBlock::preferred(16, direction, cols)[0];
-        assert_eq!(first(ConvDirection::Forward, 32).dims(), (256, 32, 32));
-        assert_eq!(first(ConvDirection::DInput, 24).dims(), (256, 32, 32));
-        assert_eq!(first(ConvDirection::Forward, 33).dims(), (256, 64, 32));
-        assert_eq!(first(ConvDirection::DWeight, 32).dims(), (64, 64, 64));
+    fn the_rule_follows_the_gemm_shape() {
+        let first = |direction, rows, cols| CoopBlock::preferred(16, direction, rows, cols)[0];
+        // The v1 model's layers at batch 256, and the 4096^3 GEMM.
+        assert_eq!(
+            first(ConvDirection::Forward, 262_144, 32).dims(),
+            (256, 32, 32)
+        );
+        assert_eq!(
+            first(ConvDirection::DInput, 65_536, 24).dims(),
+            (256, 32, 32)
+        );
+        assert_eq!(
+            first(ConvDirection::Forward, 65_536, 64).dims(),
+            (256, 64, 32)
+        );
+        assert_eq!(
+            first(ConvDirection::DInput, 16_384, 64).dims(),
+            (128, 128, 32)
+        );
+        assert_eq!(
+            first(ConvDirection::Forward, 4096, 4096).dims(),
+            (256, 128, 32)
+        );
+        assert_eq!(first(ConvDirection::DWeight, 289, 32).dims(), (128, 32, 32));
+        assert_eq!(first(ConvDirection::DWeight, 577, 64).dims(), (128, 64, 32));
+        assert_eq!(
+            first(ConvDirection::DWeight, 577, 128).dims(),
+            (64, 128, 32)
+        );
+        assert_eq!(
+            first(ConvDirection::DWeight, 4096, 4096).dims(),
+            (128, 128, 32)
+        );
+        // Every list ends in blocks of at most 256 invocations for smaller adapters.
+        let fallback = CoopBlock::preferred(16, ConvDirection::Forward, 1, 1);
+        assert!(fallback[1..].iter().all(|b| b.subgroup_count() * 32 <= 256));
     }
 }
