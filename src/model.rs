@@ -118,6 +118,10 @@ pub struct Model {
     /// Per-sample shape after each layer, from `finalize`: what bounds the
     /// batch a GPU buffer can hold.
     output_shapes: Vec<Vec<usize>>,
+    /// Whether `finalize` folds ReLUs into the layer before them.
+    fuse_relu: bool,
+    /// Per layer: a ReLU folded into the layer before it, so skipped.
+    folded: Vec<bool>,
     seed: u64,
     step: u64,
 }
@@ -142,6 +146,8 @@ impl Model {
             device: Device::Cpu,
             input_shape: None,
             output_shapes: Vec::new(),
+            fuse_relu: true,
+            folded: Vec::new(),
             seed: 0,
             step: 0,
         }
@@ -150,6 +156,14 @@ impl Model {
     /// Seeds weight initialisation and dropout masks (before `finalize`).
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = seed;
+        self
+    }
+
+    /// Whether a ReLU right after a layer that can take it over (BatchNorm)
+    /// runs inside that layer: one pass over the activations fewer each way,
+    /// bit-identical results. On by default; takes effect at `finalize`.
+    pub fn fuse_relu(mut self, fuse: bool) -> Self {
+        self.fuse_relu = fuse;
         self
     }
 
@@ -190,7 +204,31 @@ impl Model {
         }
         self.input_shape = Some(input_shape.to_vec());
         self.output_shapes = output_shapes;
+        self.folded = vec![false; self.layers.len()];
+        if self.fuse_relu {
+            for i in 1..self.layers.len() {
+                if self.layers[i].spec() == LayerSpec::ReLU
+                    && !self.folded[i - 1]
+                    && self.layers[i - 1].fuse_relu()
+                {
+                    self.folded[i] = true;
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// Indices of the ReLU layers that `finalize` folded into the layer
+    /// before them (see [`Model::fuse_relu`]).
+    pub fn fused_relus(&self) -> Vec<usize> {
+        (0..self.layers.len())
+            .filter(|&i| self.is_folded(i))
+            .collect()
+    }
+
+    /// Whether layer `i` is a ReLU that runs inside the layer before it.
+    fn is_folded(&self, i: usize) -> bool {
+        self.folded.get(i).copied().unwrap_or(false)
     }
 
     /// Moves every parameter and statistic to `device`.
@@ -263,6 +301,9 @@ impl Model {
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let mut h = x.clone();
         for i in 0..self.layers.len() {
+            if self.is_folded(i) {
+                continue;
+            }
             self.timing_scope(|| format!("{i} {} forward", self.layers[i].spec().kind()));
             h = self.layers[i].forward(&h, mode)?;
         }
@@ -322,6 +363,9 @@ impl Model {
         let correct = correct_count(&out, labels)?;
         let mut grad = dout;
         for i in (0..self.layers.len()).rev() {
+            if self.is_folded(i) {
+                continue;
+            }
             self.timing_scope(|| format!("{i} {} backward", self.layers[i].spec().kind()));
             match self.layers[i].backward(&grad, i > 0)? {
                 Some(dx) => grad = dx,

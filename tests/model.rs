@@ -300,6 +300,38 @@ test_device!(
     }
 );
 
+test_device!(
+    fused_relu_trains_bit_identically_to_separate_layers,
+    |device: &Device| {
+        // v1 has BatchNorm -> ReLU after every conv: finalize folds each ReLU into
+        // its BatchNorm unless told not to. Three steps, then predictions.
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5);
+        let run = |fuse: bool| {
+            let mut model = aether::zoo::cifar10_v1(6).fuse_relu(fuse);
+            model.to(device).unwrap();
+            model.finalize(&[SIDE, SIDE, 3]).unwrap();
+            let expected = if fuse { vec![2, 5, 10, 13, 18] } else { vec![] };
+            assert_eq!(model.fused_relus(), expected, "fuse_relu({fuse})");
+            let mut bits = Vec::new();
+            for _ in 0..3 {
+                let (loss, _) = model.train_batch(&x, &y).unwrap();
+                bits.push(loss.to_vec_f32().unwrap()[0].to_bits());
+            }
+            let predictions = model.predict(&x, 8, true).unwrap();
+            bits.extend(predictions.iter().map(|v| v.to_bits()));
+            bits
+        };
+        let fused = run(true);
+        let separate = run(false);
+        assert_eq!(fused.len(), separate.len());
+        let first_difference = fused.iter().zip(&separate).position(|(a, b)| a != b);
+        assert_eq!(
+            first_difference, None,
+            "losses (first 3) then logits differ between fused and separate ReLU"
+        );
+    }
+);
+
 /// The first training step (train-mode BatchNorm, dropout masks, loss) gives
 /// the same loss on the GPU as on the CPU for the same seed.
 #[test]

@@ -6,10 +6,13 @@
 
 mod common;
 
+use aether::ops::activation::relu_backward;
 use aether::ops::batchnorm::{
-    BatchNormStats, CHUNK_ROWS, batch_norm_backward, batch_norm_inference, batch_norm_train,
+    BatchNormStats, CHUNK_ROWS, batch_norm_backward, batch_norm_inference,
+    batch_norm_relu_backward, batch_norm_relu_inference, batch_norm_relu_train, batch_norm_train,
     update_running_stats,
 };
+use aether::ops::relu;
 use aether::{AetherError, Device, Tensor};
 use common::Rng;
 
@@ -304,6 +307,58 @@ test_device!(two_runs_are_bit_identical, |device: &Device| {
         }
     }
 });
+
+test_device!(
+    fused_relu_is_bit_identical_to_the_two_ops,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let bits = |t: &Tensor| -> Vec<u32> { values(t).into_iter().map(f32::to_bits).collect() };
+        for (case, dims) in [&[4usize, 16, 17, 5][..], &[7, 13]].into_iter().enumerate() {
+            let [(_, mut xs), (gamma, _), (beta, _)] = random_inputs(&mut rng, dims, device);
+            if case == 1 {
+                // A NaN makes its channel's statistics NaN: it must reach y and be
+                // gated out of the gradient exactly as the separate ops do.
+                xs[4] = f32::NAN;
+            }
+            let x = Tensor::from_f32(dims.to_vec(), xs.clone(), device).unwrap();
+            let dy = Tensor::from_f32(dims.to_vec(), rng.vec(xs.len()), device).unwrap();
+            let ctx = format!("{dims:?} (seed {})", rng.seed);
+
+            let (fused_y, fused_stats) = batch_norm_relu_train(&x, &gamma, &beta, EPS).unwrap();
+            let (pre, stats) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+            let y = relu(&pre).unwrap();
+            assert_eq!(bits(&fused_y), bits(&y), "y of {ctx}");
+            let zeroed = bits(&y).iter().filter(|&&b| b == 0).count();
+            assert!(zeroed > xs.len() / 10, "ReLU had little to do in {ctx}");
+            assert_eq!(bits(&fused_stats.mean), bits(&stats.mean), "mean of {ctx}");
+
+            let fused = batch_norm_relu_backward(&dy, &fused_y, &x, &gamma, &fused_stats).unwrap();
+            let gated = relu_backward(&pre, &dy).unwrap();
+            let separate = batch_norm_backward(&gated, &x, &gamma, &stats).unwrap();
+            for (name, a, b) in [
+                ("dx", &fused.0, &separate.0),
+                ("dgamma", &fused.1, &separate.1),
+                ("dbeta", &fused.2, &separate.2),
+            ] {
+                assert_eq!(bits(a), bits(b), "{name} of {ctx}");
+            }
+
+            let channels = channels_of(dims);
+            let running_mean = Tensor::from_f32(vec![channels], rng.vec(channels), device).unwrap();
+            let var: Vec<f32> = (0..channels).map(|_| 1.5 + rng.uniform()).collect();
+            let running_var = Tensor::from_f32(vec![channels], var, device).unwrap();
+            let args = (&x, &gamma, &beta, &running_mean, &running_var, EPS);
+            let fused = batch_norm_relu_inference(args.0, args.1, args.2, args.3, args.4, args.5);
+            let plain = batch_norm_inference(args.0, args.1, args.2, args.3, args.4, args.5);
+            let separate = relu(&plain.unwrap()).unwrap();
+            assert_eq!(
+                bits(&fused.unwrap()),
+                bits(&separate),
+                "inference y of {ctx}"
+            );
+        }
+    }
+);
 
 test_device!(running_stats_match_hand_calculation, |device: &Device| {
     // Batch: mean [3, 0.5], biased variance [4, 0.25], 5 values per channel.

@@ -1,23 +1,27 @@
 // Batch norm backward, input gradient, from the finished per-channel sums:
 // dx = gamma * inv_std * (dy - sum(dy) / count - xhat * sum(dy * xhat) / count),
 // the standard formula gamma * inv_std / count * (count * dy - ...) rearranged.
+// With params.relu_gate, dy is taken only where the fused ReLU's output
+// `relu_y` is > 0 (on its bits, as relu_backward: NaN does not pass).
 
 @group(0) @binding(0) var<storage, read> dy: array<f32>;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read> mean: array<f32>;
-@group(0) @binding(3) var<storage, read> inv_std: array<f32>;
-@group(0) @binding(4) var<storage, read> gamma: array<f32>;
-@group(0) @binding(5) var<storage, read> sum_dy: array<f32>;
-@group(0) @binding(6) var<storage, read> sum_dy_xhat: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(1) var<storage, read> relu_y: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> mean: array<f32>;
+@group(0) @binding(4) var<storage, read> inv_std: array<f32>;
+@group(0) @binding(5) var<storage, read> gamma: array<f32>;
+@group(0) @binding(6) var<storage, read> sum_dy: array<f32>;
+@group(0) @binding(7) var<storage, read> sum_dy_xhat: array<f32>;
+@group(0) @binding(8) var<storage, read_write> dx: array<f32>;
 
 struct Params {
     len: u32,
     channels: u32,
     count: u32,
     row_stride: u32,
+    relu_gate: u32,
 }
-@group(0) @binding(8) var<uniform> params: Params;
+@group(0) @binding(9) var<uniform> params: Params;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -29,5 +33,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let count = f32(params.count);
     let s = inv_std[c];
     let xhat = (x[i] - mean[c]) * s;
-    dx[i] = gamma[c] * s * (dy[i] - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count));
+    var g = dy[i];
+    if (params.relu_gate != 0u) {
+        let b = relu_y[i];
+        if (b == 0u || b > 0x7f800000u) {
+            g = 0.0;
+        }
+    }
+    dx[i] = gamma[c] * s * (g - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count));
 }

@@ -1,7 +1,9 @@
 // Batch norm forward: y = (x - mean[c]) * inv_std[c] * gamma[c] + beta[c], c the
 // last (channel) axis. `spread` holds inv_std (training) or, with
 // spread_is_variance = 1, the running variance (inference), turned into
-// 1 / sqrt(var + eps) here.
+// 1 / sqrt(var + eps) here. With relu = 1 the result goes through ReLU (the
+// fused BatchNorm + ReLU), decided on the bits as relu.wgsl does: negative
+// non-zero numbers become +0, NaN and -0.0 pass through.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> mean: array<f32>;
@@ -16,6 +18,7 @@ struct Params {
     row_stride: u32,
     spread_is_variance: u32,
     eps: f32,
+    relu: u32,
 }
 @group(0) @binding(6) var<uniform> params: Params;
 
@@ -30,5 +33,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (params.spread_is_variance != 0u) {
         inv_std = 1.0 / sqrt(inv_std + params.eps);
     }
-    y[i] = (x[i] - mean[c]) * inv_std * gamma[c] + beta[c];
+    let v = (x[i] - mean[c]) * inv_std * gamma[c] + beta[c];
+    let b = bitcast<u32>(v);
+    let negative = b > 0x80000000u && b <= 0xff800000u;
+    y[i] = select(v, 0.0, params.relu != 0u && negative);
 }

@@ -14,6 +14,14 @@ struct ReduceParams {
     channel_tiles: u32,
     groups: u32,
     group_stride: u32,
+    // 1 where a kernel takes its gradient through a fused ReLU (backward sums).
+    relu_gate: u32,
+}
+
+// ReLU's gradient gate on the raw bits of its output y: y > 0 (sign clear, not
+// zero, not NaN). Float comparisons lose NaN on some drivers (NVIDIA).
+fn relu_passes(y_bits: u32) -> bool {
+    return y_bits != 0u && y_bits <= 0x7f800000u;
 }
 
 // Two sums per lane: the backward pass needs sum(dy) and sum(dy * xhat) at once.

@@ -174,6 +174,14 @@ pub trait Layer: Send {
     /// `need_dx` (the first layer's is never needed).
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>>;
 
+    /// Takes over the ReLU that follows this layer: from now on its output is
+    /// `relu(output)` and its backward gates the gradient by it, so the model
+    /// skips the ReLU layer. Returns false (and changes nothing) where the
+    /// layer cannot; the result must be bit-identical to the two layers.
+    fn fuse_relu(&mut self) -> bool {
+        false
+    }
+
     /// Parameters with the gradients of the last `backward`.
     fn trainables(&mut self) -> Vec<Trainable<'_>> {
         Vec::new()

@@ -5,8 +5,8 @@ use super::{Layer, LayerSpec, Mode, Trainable, cached};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::batchnorm::{
-    BatchNormStats, batch_norm_backward, batch_norm_inference, batch_norm_train,
-    update_running_stats,
+    BatchNormStats, batch_norm_backward, batch_norm_inference, batch_norm_relu_backward,
+    batch_norm_relu_inference, batch_norm_relu_train, batch_norm_train, update_running_stats,
 };
 use crate::tensor::Tensor;
 
@@ -15,7 +15,10 @@ pub struct BatchNorm {
     pub momentum: f32,
     pub epsilon: f32,
     state: Option<NormState>,
-    cache: Option<(Tensor, BatchNormStats)>,
+    /// Whether the ReLU after this layer runs inside it (see `Layer::fuse_relu`).
+    relu: bool,
+    /// Input, batch statistics and, with the fused ReLU, the output it gates by.
+    cache: Option<(Tensor, BatchNormStats, Option<Tensor>)>,
     grads: Option<(Tensor, Tensor)>,
 }
 
@@ -32,6 +35,7 @@ impl BatchNorm {
             momentum,
             epsilon,
             state: None,
+            relu: false,
             cache: None,
             grads: None,
         }
@@ -69,6 +73,8 @@ impl Layer for BatchNorm {
             shape: input.to_vec(),
             reason: "needs at least one feature axis".into(),
         })?;
+        // A fused ReLU is the model's decision, made again after every build.
+        self.relu = false;
         let filled = |v: f32| Tensor::from_f32(vec![c], vec![v; c], device);
         self.state = Some(NormState {
             gamma: filled(1.0)?,
@@ -83,17 +89,20 @@ impl Layer for BatchNorm {
         let eps = self.epsilon;
         if let Mode::Infer = mode {
             let s = self.state()?;
-            return batch_norm_inference(
-                x,
-                &s.gamma,
-                &s.beta,
-                &s.running_mean,
-                &s.running_var,
-                eps,
-            );
+            let infer = if self.relu {
+                batch_norm_relu_inference
+            } else {
+                batch_norm_inference
+            };
+            return infer(x, &s.gamma, &s.beta, &s.running_mean, &s.running_var, eps);
         }
         let s = self.state()?;
-        let (y, stats) = batch_norm_train(x, &s.gamma, &s.beta, eps)?;
+        let train = if self.relu {
+            batch_norm_relu_train
+        } else {
+            batch_norm_train
+        };
+        let (y, stats) = train(x, &s.gamma, &s.beta, eps)?;
         let count = x.numel() / x.dims().last().copied().unwrap_or(1);
         let (mean, var) = update_running_stats(
             &s.running_mean,
@@ -105,17 +114,26 @@ impl Layer for BatchNorm {
         )?;
         let s = self.state.as_mut().expect("checked above");
         (s.running_mean, s.running_var) = (mean, var);
-        self.cache = Some((x.clone(), stats));
+        self.cache = Some((x.clone(), stats, self.relu.then(|| y.clone())));
         Ok(y)
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let Some((x, stats)) = self.cache.as_ref() else {
+        let Some((x, stats, relu_y)) = self.cache.as_ref() else {
             return cached(&None, "BatchNorm::backward").map(|_| None);
         };
-        let (dx, dgamma, dbeta) = batch_norm_backward(dy, x, &self.state()?.gamma, stats)?;
+        let gamma = &self.state()?.gamma;
+        let (dx, dgamma, dbeta) = match relu_y {
+            Some(y) => batch_norm_relu_backward(dy, y, x, gamma, stats)?,
+            None => batch_norm_backward(dy, x, gamma, stats)?,
+        };
         self.grads = Some((dgamma, dbeta));
         Ok(need_dx.then_some(dx))
+    }
+
+    fn fuse_relu(&mut self) -> bool {
+        self.relu = true;
+        true
     }
 
     fn trainables(&mut self) -> Vec<Trainable<'_>> {

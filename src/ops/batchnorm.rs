@@ -21,6 +21,8 @@ use rayon::prelude::*;
 
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::ops::activation::relu_backward;
+use crate::ops::relu as relu_op;
 use crate::tensor::{DType, Shape, Tensor};
 
 const REDUCE_PRELUDE: &str = include_str!("../../shaders/ops/batchnorm_reduce.wgsl");
@@ -59,6 +61,28 @@ pub fn batch_norm_train(
     beta: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, BatchNormStats)> {
+    train(x, gamma, beta, eps, false)
+}
+
+/// [`batch_norm_train`] followed by ReLU (`relu(y)`, NaN passing through), in
+/// the same kernel on the GPU: the pair a conv block ends with, without a pass
+/// over the activations of its own. Bit-identical to the two ops in turn.
+pub fn batch_norm_relu_train(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+) -> Result<(Tensor, BatchNormStats)> {
+    train(x, gamma, beta, eps, true)
+}
+
+fn train(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+    relu: bool,
+) -> Result<(Tensor, BatchNormStats)> {
     const OP: &str = "batch_norm_train";
     let layout = Layout::of(OP, x)?;
     require_channel_vectors(OP, layout.channels, &[gamma, beta])?;
@@ -70,10 +94,11 @@ pub fn batch_norm_train(
             mean: Tensor::from_f32(vec![layout.channels], mean, &device)?,
             inv_std: Tensor::from_f32(vec![layout.channels], inv_std, &device)?,
         };
-        return Ok((Tensor::from_f32(x.dims().to_vec(), y, &device)?, stats));
+        let y = Tensor::from_f32(x.dims().to_vec(), y, &device)?;
+        return Ok((if relu { relu_op(&y)? } else { y }, stats));
     }
     let ctx = gpu_context(x);
-    let [sums] = partial_sums(ctx, "batchnorm_sum", SUM_SHADER, &[x], layout)?;
+    let [sums] = partial_sums(ctx, "batchnorm_sum", SUM_SHADER, &[x], layout, false)?;
     let mean = finalize(ctx, &sums, layout, Finish::Mean, eps)?;
     let [squares] = partial_sums(
         ctx,
@@ -81,9 +106,10 @@ pub fn batch_norm_train(
         SUM_SQ_DEV_SHADER,
         &[x, &mean],
         layout,
+        false,
     )?;
     let inv_std = finalize(ctx, &squares, layout, Finish::InvStd, eps)?;
-    let y = normalize_gpu(ctx, x, &mean, &inv_std, gamma, beta, None)?;
+    let y = normalize_gpu(ctx, x, [&mean, &inv_std], [gamma, beta], None, relu)?;
     Ok((y, BatchNormStats { mean, inv_std }))
 }
 
@@ -181,6 +207,30 @@ pub fn batch_norm_inference(
     running_var: &Tensor,
     eps: f32,
 ) -> Result<Tensor> {
+    inference(x, gamma, beta, running_mean, running_var, eps, false)
+}
+
+/// [`batch_norm_inference`] followed by ReLU, in one kernel on the GPU.
+pub fn batch_norm_relu_inference(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
+    inference(x, gamma, beta, running_mean, running_var, eps, true)
+}
+
+fn inference(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    eps: f32,
+    relu: bool,
+) -> Result<Tensor> {
     const OP: &str = "batch_norm_inference";
     let layout = Layout::of(OP, x)?;
     let vectors = [gamma, beta, running_mean, running_var];
@@ -194,11 +244,16 @@ pub fn batch_norm_inference(
         running_var.host_f32(),
     ) {
         let inv_std: Vec<f32> = rv.iter().map(|&v| 1.0 / (v + eps).sqrt()).collect();
-        let y = normalize_cpu(xs, rm, &inv_std, g, b);
-        return Tensor::from_f32(x.dims().to_vec(), y, &x.device());
+        let y = Tensor::from_f32(
+            x.dims().to_vec(),
+            normalize_cpu(xs, rm, &inv_std, g, b),
+            &x.device(),
+        )?;
+        return if relu { relu_op(&y) } else { Ok(y) };
     }
     let ctx = gpu_context(x);
-    normalize_gpu(ctx, x, running_mean, running_var, gamma, beta, Some(eps))
+    let stats = [running_mean, running_var];
+    normalize_gpu(ctx, x, stats, [gamma, beta], Some(eps), relu)
 }
 
 /// Training-mode backward: `(dx, dgamma, dbeta)` for the upstream gradient `dy`
@@ -212,6 +267,30 @@ pub fn batch_norm_backward(
     gamma: &Tensor,
     stats: &BatchNormStats,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    backward(dy, x, gamma, stats, None)
+}
+
+/// The backward of [`batch_norm_relu_train`], whose output was `y`: `dy` is
+/// taken where `y > 0` (ReLU's gradient, 0 for NaN) inside the batch-norm
+/// kernels, so no masked copy of `dy` is made. Bit-identical to
+/// `relu_backward` followed by [`batch_norm_backward`].
+pub fn batch_norm_relu_backward(
+    dy: &Tensor,
+    y: &Tensor,
+    x: &Tensor,
+    gamma: &Tensor,
+    stats: &BatchNormStats,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    backward(dy, x, gamma, stats, Some(y))
+}
+
+fn backward(
+    dy: &Tensor,
+    x: &Tensor,
+    gamma: &Tensor,
+    stats: &BatchNormStats,
+    relu_output: Option<&Tensor>,
+) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "batch_norm_backward";
     let layout = Layout::of(OP, x)?;
     require_f32(OP, dy)?;
@@ -224,6 +303,21 @@ pub fn batch_norm_backward(
     }
     require_channel_vectors(OP, layout.channels, &[gamma, &stats.mean, &stats.inv_std])?;
     same_device(OP, &[dy, x, gamma, &stats.mean, &stats.inv_std])?;
+    if let Some(y) = relu_output {
+        require_f32(OP, y)?;
+        if y.dims() != x.dims() {
+            return Err(AetherError::ShapeMismatch {
+                op: OP,
+                expected: x.dims().to_vec(),
+                actual: y.dims().to_vec(),
+            });
+        }
+        same_device(OP, &[dy, y])?;
+        if y.host_f32().is_some() {
+            // The CPU path takes ReLU's gradient first, then the plain backward.
+            return backward(&relu_backward(y, dy)?, x, gamma, stats, None);
+        }
+    }
     if let (Some(dys), Some(xs), Some(g), Some(mean), Some(inv_std)) = (
         dy.host_f32(),
         x.host_f32(),
@@ -244,8 +338,15 @@ pub fn batch_norm_backward(
         ctx,
         "batchnorm_backward_sums",
         BACKWARD_SUMS_SHADER,
-        &[dy, x, &stats.mean, &stats.inv_std],
+        &[
+            dy,
+            relu_output.unwrap_or(dy),
+            x,
+            &stats.mean,
+            &stats.inv_std,
+        ],
         layout,
+        relu_output.is_some(),
     )?;
     let dbeta = finalize(ctx, &partial_dy, layout, Finish::Sum, 0.0)?;
     let dgamma = finalize(ctx, &partial_dy_xhat, layout, Finish::Sum, 0.0)?;
@@ -258,12 +359,14 @@ pub fn batch_norm_backward(
         layout.channels as u32,
         layout.rows as u32,
         row_stride,
+        u32::from(relu_output.is_some()),
     ];
     ctx.dispatch(
         "batchnorm_backward_dx",
         &pipeline,
         &[
             buf(dy),
+            buf(relu_output.unwrap_or(dy)),
             buf(x),
             buf(&stats.mean),
             buf(&stats.inv_std),
@@ -495,6 +598,7 @@ fn partial_sums<const K: usize>(
     source: &'static str,
     inputs: &[&Tensor],
     layout: Layout,
+    relu_gate: bool,
 ) -> Result<[Tensor; K]> {
     let pipeline = pipeline(ctx, kernel, || [REDUCE_PRELUDE, source].concat().into())?;
     let chunks = layout.rows.div_ceil(CHUNK_ROWS);
@@ -516,6 +620,7 @@ fn partial_sums<const K: usize>(
         channel_tiles as u32,
         groups as u32,
         group_stride,
+        u32::from(relu_gate),
     ];
     let buffers: Vec<&wgpu::Buffer> = inputs.iter().copied().chain(&partials).map(buf).collect();
     ctx.dispatch(
@@ -562,15 +667,14 @@ fn finalize(
 }
 
 /// Records the normalize kernel. `spread` is inv_std, or with `variance_eps` the
-/// variance to turn into `1 / sqrt(var + eps)`.
+/// variance to turn into `1 / sqrt(var + eps)`; `relu` applies the fused ReLU.
 fn normalize_gpu(
     ctx: &Arc<GpuContext>,
     x: &Tensor,
-    mean: &Tensor,
-    spread: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
+    [mean, spread]: [&Tensor; 2],
+    [gamma, beta]: [&Tensor; 2],
     variance_eps: Option<f32>,
+    relu: bool,
 ) -> Result<Tensor> {
     let pipeline = pipeline(ctx, "batchnorm_normalize", || NORMALIZE_SHADER.into())?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
@@ -582,6 +686,7 @@ fn normalize_gpu(
         row_stride,
         u32::from(variance_eps.is_some()),
         variance_eps.unwrap_or(0.0).to_bits(),
+        u32::from(relu),
     ];
     ctx.dispatch(
         "batchnorm_normalize",
