@@ -333,8 +333,8 @@ fn finite_differences_agree_with_all_three_gradients_on_cpu() {
 }
 
 /// The f16 kernels take dvalues clipped to +-65504 as xp.clip does (+-inf and
-/// out-of-range values clamp), whether they read the f32 dvalues directly or
-/// through the fused cast: gradients stay finite where a plain cast would give
+/// out-of-range values clamp) by the fused backward cast (dweight) and the
+/// clipping cast (dinput): gradients stay finite where a plain cast would give
 /// inf. Checked against the reference on the clipped dvalues, on shapes with
 /// and without run loads.
 #[test]

@@ -346,9 +346,6 @@ pub(crate) struct ConvKernel {
     /// variant's operands are f16 (converting while staging, so no cast
     /// dispatch runs before it).
     pub f32_inputs: &'static [&'static str],
-    /// Those of `f32_inputs` clipped to +-65504 as they are read (dvalues, as
-    /// the fused backward cast clips them; NaN passes through).
-    pub clipped_inputs: &'static [&'static str],
 }
 
 /// The bindings a GEMM kernel reads A and B from, the axis their runs of
@@ -369,41 +366,26 @@ pub(crate) const GEMM_RUN: usize = 8;
 /// WGSL reading GEMM operand binding `name`: its element type `{name}_elem`,
 /// `{name}_at(i)` (element i as f32) and `{name}_run(offset)` (the 8 elements
 /// from `offset` as a `Run`, zeros where `offset` is -1: padding).
-/// `f32_storage` says whether the tensor holds f32 (else f16), `clip` whether
-/// f32 values are clipped to the f16 range as they are read. A `vectorized`
+/// `f32_storage` says whether the tensor holds f32 (else f16). A `vectorized`
 /// binding (coop kernels whose runs fit, so every run offset is a multiple of
 /// 8) is declared as vec4s, so a run is two 8-byte (f16) or 16-byte (f32)
 /// loads; the pool sizes every buffer in 256-byte granules, so the vector view
 /// covers the whole tensor.
-fn operand_reader(name: &str, f32_storage: bool, clip: bool, vectorized: bool) -> String {
+fn operand_reader(name: &str, f32_storage: bool, vectorized: bool) -> String {
     let scalar = if f32_storage { "f32" } else { "operand" };
-    let clip = clip && f32_storage;
-    let read = |index: &str| {
-        if clip {
-            format!("f16_range({name}[{index}])")
-        } else {
-            format!("{name}[{index}]")
-        }
-    };
     let (elem, at, run) = if vectorized {
         (
             format!("vec4<{scalar}>"),
-            format!("return f32({}[i & 3u]);", read("i >> 2u")),
+            format!("return f32({name}[i >> 2u][i & 3u]);"),
             format!(
                 "let q = u32(offset) >> 2u;
-    return Run(vec4<operand>({}), vec4<operand>({}));",
-                read("q"),
-                read("q + 1u")
+    return Run(vec4<operand>({name}[q]), vec4<operand>({name}[q + 1u]));"
             ),
         )
     } else {
         (
             scalar.to_owned(),
-            if clip {
-                format!("return f16_range(vec4<f32>({name}[i])).x;")
-            } else {
-                format!("return f32({name}[i]);")
-            },
+            format!("return f32({name}[i]);"),
             format!(
                 "var run: Run;
     for (var j = 0u; j < 8u; j++) {{
@@ -430,19 +412,8 @@ fn {name}_run(offset: i32) -> Run {{
     )
 }
 
-/// A run of [`GEMM_RUN`] operands as the coop core stages them, and the clip of
-/// f32 dvalues to +-65504 on the bits (xp.clip: NaN passes, +-inf clamps; no
-/// float comparison, which loses NaN on some drivers).
-const RUN_TYPE: &str = "alias Run = array<vec4<operand>, 2>;
-
-fn f16_range(v: vec4<f32>) -> vec4<f32> {
-    let bits = bitcast<vec4<u32>>(v);
-    let magnitude = bits & vec4<u32>(0x7fffffffu);
-    let keep = (magnitude > vec4<u32>(0x7f800000u)) | (magnitude <= vec4<u32>(0x477fe000u));
-    let clipped = (bits & vec4<u32>(0x80000000u)) | vec4<u32>(0x477fe000u);
-    return bitcast<vec4<f32>>(select(clipped, bits, keep));
-}
-";
+/// A run of [`GEMM_RUN`] operands as the coop core stages them.
+const RUN_TYPE: &str = "alias Run = array<vec4<operand>, 2>;\n";
 
 impl ConvKernel {
     /// The compiled pipeline of this kernel for `plan` and `meta`'s geometry;
@@ -512,17 +483,17 @@ impl ConvKernel {
             let mut parts: Vec<&str> = Vec::new();
             let (readers, core);
             if let Some(runs) = &self.gemm {
-                // An f32 tensor read by an f16 variant, clipped where it is dvalues.
-                let read_f32 = |name: &str| {
-                    let read = self.f32_inputs.iter().position(|&i| i == name);
-                    read.is_some_and(f32_read)
+                let f32_storage = |name: &str| {
+                    !variant.f16_operands()
+                        || self
+                            .f32_inputs
+                            .iter()
+                            .position(|&input| input == name)
+                            .is_some_and(f32_read)
                 };
-                let reader = |name: &str, fits: bool| {
-                    let read = read_f32(name);
-                    let clip = read && self.clipped_inputs.contains(&name);
-                    operand_reader(name, read || !variant.f16_operands(), clip, fits)
-                };
-                readers = RUN_TYPE.to_owned() + &reader(runs.a, fits[0]) + &reader(runs.b, fits[1]);
+                readers = RUN_TYPE.to_owned()
+                    + &operand_reader(runs.a, f32_storage(runs.a), fits[0])
+                    + &operand_reader(runs.b, f32_storage(runs.b), fits[1]);
                 parts.push(&readers);
                 parts.extend(self.parts);
                 core = match plan.coop {

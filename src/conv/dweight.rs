@@ -25,15 +25,13 @@ const KERNEL: ConvKernel = ConvKernel {
         along_k: [false, false],
         fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
     }),
-    f32_inputs: &["x", "dy"],
-    clipped_inputs: &["dy"],
+    f32_inputs: &[],
 };
 const REDUCE: ConvKernel = ConvKernel {
     name: "conv_dweight_reduce",
     parts: &[include_str!("../../shaders/conv/dweight_reduce.wgsl")],
     gemm: None,
-    f32_inputs: &["x", "dy"],
-    clipped_inputs: &["dy"],
+    f32_inputs: &[],
 };
 const REDUCE_WORKGROUP: u32 = 256;
 /// Images per partial sum on the CPU path: a fixed grouping keeps the CPU result
@@ -92,12 +90,8 @@ pub fn conv2d_dweight(
             Tensor::from_f32(vec![meta.c_out], db, &device)?,
         ));
     };
-    // f32 operands are read as f32 (dvalues clipped) and converted while
-    // staging: no cast dispatch. Should that pipeline fail to compile
-    // (announced), they go through the fused backward cast.
-    let inputs_f32 = [x.dtype() == DType::F32, dy.dtype() == DType::F32];
     let plan = plans.get_or_plan(ConvDirection::DWeight, &meta, || {
-        plan_first(ctx, plans, &KERNEL, &meta, &inputs_f32, |variant| {
+        plan_first(ctx, plans, &KERNEL, &meta, &[], |variant| {
             accepts_operand(variant, x)?;
             accepts_operand(variant, dy)?;
             let rows = meta.k + 1;
@@ -119,13 +113,9 @@ pub fn conv2d_dweight(
             Ok(plan)
         })
     })?;
-    let (pipeline, read_f32) = KERNEL
-        .pipeline_for_inputs(ctx, &plan, &meta, &inputs_f32)
-        .ok_or_else(|| AetherError::NoKernelVariant {
-            kernel: KERNEL.name,
-            adapter: ctx.caps().adapter_name.clone(),
-            reasons: format!("{} failed to compile", plan.variant.name()),
-        })?;
+    let pipeline = KERNEL
+        .pipeline(ctx, &plan, &meta)
+        .expect("planned variant compiled");
     let reduce =
         REDUCE
             .pipeline(ctx, &plan, &meta)
@@ -134,20 +124,7 @@ pub fn conv2d_dweight(
                 adapter: ctx.caps().adapter_name.clone(),
                 reasons: "failed to compile".into(),
             })?;
-    let direct = |i: usize| read_f32 && inputs_f32[i];
     let (x_op, dy_op) = match (plan.variant.f16_operands(), x.dtype(), dy.dtype()) {
-        _ if read_f32 => (
-            if direct(0) {
-                x.clone()
-            } else {
-                gpu_operand("conv2d_dweight input", x, plan.variant, false)?
-            },
-            if direct(1) {
-                dy.clone()
-            } else {
-                gpu_operand("conv2d_dweight dvalues", dy, plan.variant, true)?
-            },
-        ),
         (true, DType::F32, DType::F32) => {
             let (dy16, x16) = conv_backward_cast_fp16(dy, x)?;
             (x16, dy16)

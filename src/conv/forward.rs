@@ -21,7 +21,6 @@ const KERNEL: ConvKernel = ConvKernel {
         fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
     }),
     f32_inputs: &["x"],
-    clipped_inputs: &[],
 };
 
 /// Convolves NHWC `x` with `w[R, S, C_in, C_out]` and adds `bias[C_out]`.

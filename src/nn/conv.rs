@@ -7,12 +7,12 @@
 use super::init::he_normal;
 use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc};
 use crate::conv::{
-    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv2d_dinput,
-    conv2d_dweight, conv2d_forward,
+    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
+    conv2d_dinput, conv2d_dweight, conv2d_forward,
 };
 use crate::device::Device;
 use crate::error::{AetherError, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// A 2-D convolution with bias, NHWC, weights `[R, S, C_in, C_out]`.
 pub struct Conv2d {
@@ -161,14 +161,19 @@ impl Layer for Conv2d {
         let x = cached(&self.input, "Conv2d::backward")?.clone();
         let params = self.weights()?.params;
         let dims = x.shape().nhwc("Conv2d::backward input")?;
-        // Both kernels read f32 dvalues and input directly (dvalues clipped),
-        // casting only where that pipeline failed to compile.
-        self.grads = Some(conv2d_dweight(&x, dy, &params, &self.plans)?);
+        // One fused cast feeds both gradients (dinput would otherwise cast dy again).
+        let both_f32 = dy.dtype() == DType::F32 && x.dtype() == DType::F32;
+        let (dy, x) = if f16_kernels_first(&x) && both_f32 {
+            conv_backward_cast_fp16(dy, &x)?
+        } else {
+            (dy.clone(), x)
+        };
+        self.grads = Some(conv2d_dweight(&x, &dy, &params, &self.plans)?);
         if !need_dx {
             return Ok(None);
         }
         let kernel = self.kernel_operand()?;
-        conv2d_dinput(dy, &kernel, dims, &params, &self.plans).map(Some)
+        conv2d_dinput(&dy, &kernel, dims, &params, &self.plans).map(Some)
     }
 
     fn trainables(&mut self) -> Vec<Trainable<'_>> {
