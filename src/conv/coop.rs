@@ -151,8 +151,9 @@ impl CoopBlock {
         // (256 x 32 or 256 x 64 outputs) for tall forward and dinput GEMMs;
         // 128 x 128 where fewer rows would leave the GPU part idle with
         // 256-row blocks; dweight (a few hundred rows, a long split
-        // reduction) 128 rows by its output width. The 4096^3 GEMM (entry 12)
-        // prefers 256 x 128 (forward, dinput) and 128 x 128 (dweight).
+        // reduction) 128 rows by its output width, 64 x 32 for the first
+        // layer's 28 rows (entry 15). The 4096^3 GEMM (entry 12) prefers
+        // 256 x 128 (forward, dinput) and 128 x 128 (dweight).
         let t = tile as usize;
         let narrow = cols <= 2 * t;
         let wide = cols >= 16 * t;
@@ -164,6 +165,7 @@ impl CoopBlock {
                 block([8, 2], [2, 2], 2)
             }
             ConvDirection::Forward | ConvDirection::DInput => block([4, 4], [2, 2], 2),
+            ConvDirection::DWeight if narrow && rows <= 4 * t => block([2, 2], [2, 1], 2),
             ConvDirection::DWeight if narrow => block([4, 2], [2, 1], 2),
             ConvDirection::DWeight if wide => block([2, 2], [4, 4], 2),
             ConvDirection::DWeight if cols <= 4 * t => block([4, 2], [2, 2], 2),
@@ -391,6 +393,7 @@ mod tests {
             first(ConvDirection::Forward, 4096, 4096).dims(),
             (256, 128, 32)
         );
+        assert_eq!(first(ConvDirection::DWeight, 28, 32).dims(), (64, 32, 32));
         assert_eq!(first(ConvDirection::DWeight, 289, 32).dims(), (128, 32, 32));
         assert_eq!(first(ConvDirection::DWeight, 577, 64).dims(), (128, 64, 32));
         assert_eq!(
