@@ -554,6 +554,23 @@ fn max_pool_gpu_is_bit_identical_to_cpu() {
             "{name}: output bits (seed {})",
             rng.seed
         );
+        // The backward too (the tiling windows take their own kernel): dy with
+        // signed zeros and a NaN, gathered (CPU) or written per window (GPU).
+        let mut dy = rng.vec(cpu_y.numel());
+        dy[0] = -0.0;
+        dy[1] = f32::NAN;
+        let last = dy.len() - 1;
+        dy[last] = -0.0;
+        let backward = |device: &Device, argmax: &Tensor| {
+            let dyt = Tensor::from_f32(cpu_y.dims().to_vec(), dy.clone(), device).unwrap();
+            max_pool2d_backward(&dyt, argmax, dims, &p).unwrap()
+        };
+        assert_eq!(
+            bits(&backward(&gpu, &gpu_arg)),
+            bits(&backward(&Device::Cpu, &cpu_arg)),
+            "{name}: dx bits (seed {})",
+            rng.seed
+        );
     }
 }
 

@@ -35,6 +35,10 @@ const MAX_BACKWARD: &str = concat!(
     include_str!("../../shaders/ops/pool_common.wgsl"),
     include_str!("../../shaders/ops/pool_max_backward.wgsl")
 );
+const MAX_BACKWARD_TILED: &str = concat!(
+    include_str!("../../shaders/ops/pool_common.wgsl"),
+    include_str!("../../shaders/ops/pool_max_backward_tiled.wgsl")
+);
 const AVG_FORWARD: &str = concat!(
     include_str!("../../shaders/ops/pool_common.wgsl"),
     include_str!("../../shaders/ops/pool_avg_forward.wgsl")
@@ -92,6 +96,14 @@ struct PoolGeometry {
 }
 
 impl PoolGeometry {
+    /// Whether the windows cover every input element exactly once: stride equal
+    /// to the filter, no padding, no rows or columns left over.
+    fn windows_tile_input(&self) -> bool {
+        (self.stride_h, self.stride_w) == (self.filter_h, self.filter_w)
+            && (self.pad_top, self.pad_left) == (0, 0)
+            && (self.h, self.w) == (self.h_out * self.stride_h, self.w_out * self.stride_w)
+    }
+
     /// Geometry of pooling an `input` (NHWC) with `p`, or a typed error when a size
     /// is zero, the window does not fit the padded input, or a window would hold
     /// padding only.
@@ -443,6 +455,18 @@ pub fn max_pool2d_backward(
     }
     let ctx = gpu_context(dy);
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
+    if g.windows_tile_input() {
+        // One invocation per window writes all of it (same bits as the gather).
+        launch_flat(
+            ctx,
+            "pool_max_backward_tiled",
+            MAX_BACKWARD_TILED,
+            &[gpu_buffer(dy), gpu_buffer(argmax), gpu_buffer(&dx)],
+            g.output_len(),
+            |row_stride| g.params(g.output_len(), row_stride).to_vec(),
+        )?;
+        return Ok(dx);
+    }
     launch_flat(
         ctx,
         "pool_max_backward",

@@ -1,0 +1,33 @@
+// Max pool backward where the windows tile the input exactly (stride = filter,
+// no padding, no input left over, as the usual 2x2/2 pool): one invocation per
+// output element writes the whole window, dy at its argmax and 0 elsewhere.
+// Every dx element is written exactly once, and the window's index math is done
+// once instead of once per input element. The result is bit-identical to the
+// gather (pool_max_backward.wgsl): there each element sums 0.0 + dy, so -0.0
+// becomes +0.0 here too, on the bits (drivers need not keep signed zeros).
+
+@group(0) @binding(0) var<storage, read> dy: array<f32>;
+@group(0) @binding(1) var<storage, read> argmax: array<u32>;
+@group(0) @binding(2) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = gid.x + gid.y * params.row_stride;
+    if (o >= params.len) {
+        return;
+    }
+    let ch = o % params.c;
+    let ow = (o / params.c) % params.w_out;
+    let oh = (o / (params.c * params.w_out)) % params.h_out;
+    let n = o / (params.c * params.w_out * params.h_out);
+    let g = dy[o];
+    let grad = select(g, 0.0, bitcast<u32>(g) == 0x80000000u);
+    let winner = argmax[o];
+    for (var r = 0u; r < params.filter_h; r++) {
+        for (var s = 0u; s < params.filter_w; s++) {
+            let i = input_index(n, oh * params.stride_h + r, ow * params.stride_w + s, ch);
+            dx[i] = select(0.0, grad, i == winner);
+        }
+    }
+}
