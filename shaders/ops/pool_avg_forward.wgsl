@@ -12,10 +12,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (o >= params.len) {
         return;
     }
-    let ch = o % params.c;
-    let ow = (o / params.c) % params.w_out;
-    let oh = (o / (params.c * params.w_out)) % params.h_out;
-    let n = o / (params.c * params.w_out * params.h_out);
+    let at = nhwc_position(o, params.h_out, params.w_out);
+    let n = at.x;
+    let oh = at.y;
+    let ow = at.z;
+    let ch = at.w;
     let rows = window_span(oh, params.stride_h, params.pad_top, params.filter_h, params.h);
     let cols = window_span(ow, params.stride_w, params.pad_left, params.filter_w, params.w);
     var sum = 0.0;

@@ -13,10 +13,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= params.len) {
         return;
     }
-    let ch = i % params.c;
-    let iw = (i / params.c) % params.w;
-    let ih = (i / (params.c * params.w)) % params.h;
-    let n = i / (params.c * params.w * params.h);
+    let at = nhwc_position(i, params.h, params.w);
+    let n = at.x;
+    let ih = at.y;
+    let iw = at.z;
+    let ch = at.w;
     let rows = covering_span(ih, params.stride_h, params.pad_top, params.filter_h, params.h_out);
     let cols = covering_span(iw, params.stride_w, params.pad_left, params.filter_w, params.w_out);
     var sum = 0.0;

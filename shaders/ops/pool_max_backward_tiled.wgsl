@@ -17,10 +17,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (o >= params.len) {
         return;
     }
-    let ch = o % params.c;
-    let ow = (o / params.c) % params.w_out;
-    let oh = (o / (params.c * params.w_out)) % params.h_out;
-    let n = o / (params.c * params.w_out * params.h_out);
+    let at = nhwc_position(o, params.h_out, params.w_out);
+    let n = at.x;
+    let oh = at.y;
+    let ow = at.z;
+    let ch = at.w;
     let g = dy[o];
     let grad = select(g, 0.0, bitcast<u32>(g) == 0x80000000u);
     let winner = argmax[o];
