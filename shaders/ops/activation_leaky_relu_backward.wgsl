@@ -1,5 +1,6 @@
 // dx = dy where x > 0, else alpha * dy (leaky ReLU's gradient; the left
-// derivative at 0, matching the CPU path).
+// derivative at 0, matching the CPU path). x > 0 is decided on the bits
+// (relu_bits.wgsl, prepended).
 
 @group(0) @binding(0) var<storage, read> x: array<u32>;
 @group(0) @binding(1) var<storage, read> dy: array<f32>;
@@ -11,12 +12,6 @@ struct Params {
     alpha: f32,
 }
 @group(0) @binding(3) var<uniform> params: Params;
-
-// x > 0 decided on the raw bits (sign clear, not zero, not NaN): float
-// comparisons lose NaN on some drivers (NVIDIA), and NaN must take the CPU's branch.
-fn is_positive(b: u32) -> bool {
-    return b != 0u && b <= 0x7f800000u;
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

@@ -34,11 +34,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let s = inv_std[c];
     let xhat = (x[i] - mean[c]) * s;
     var g = dy[i];
-    if (params.relu_gate != 0u) {
-        let b = relu_y[i];
-        if (b == 0u || b > 0x7f800000u) {
-            g = 0.0;
-        }
+    if (params.relu_gate != 0u && !is_positive(relu_y[i])) {
+        g = 0.0;
     }
     dx[i] = gamma[c] * s * (g - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count));
 }

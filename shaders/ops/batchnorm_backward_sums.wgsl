@@ -28,7 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         for (var row = chunk * params.chunk_rows + lid.y; row < end; row += ROW_LANES) {
             let i = row * params.channels + channel;
             var g = dy[i];
-            if (params.relu_gate != 0u && !relu_passes(relu_y[i])) {
+            if (params.relu_gate != 0u && !is_positive(relu_y[i])) {
                 g = 0.0;
             }
             sums += vec2(g, g * ((x[i] - m) * s));

@@ -34,7 +34,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         inv_std = 1.0 / sqrt(inv_std + params.eps);
     }
     let v = (x[i] - mean[c]) * inv_std * gamma[c] + beta[c];
-    let b = bitcast<u32>(v);
-    let negative = b > 0x80000000u && b <= 0xff800000u;
-    y[i] = select(v, 0.0, params.relu != 0u && negative);
+    y[i] = select(v, 0.0, params.relu != 0u && is_negative(bitcast<u32>(v)));
 }

@@ -18,12 +18,6 @@ struct ReduceParams {
     relu_gate: u32,
 }
 
-// ReLU's gradient gate on the raw bits of its output y: y > 0 (sign clear, not
-// zero, not NaN). Float comparisons lose NaN on some drivers (NVIDIA).
-fn relu_passes(y_bits: u32) -> bool {
-    return y_bits != 0u && y_bits <= 0x7f800000u;
-}
-
 // Two sums per lane: the backward pass needs sum(dy) and sum(dy * xhat) at once.
 var<workgroup> lanes: array<vec2<f32>, 256>;
 

@@ -18,8 +18,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x + gid.y * params.row_stride;
     if (i < params.len) {
         let b = x[i];
-        // Sign bit set, magnitude in (0, inf]: a negative number (not NaN, not -0).
-        let negative = b > 0x80000000u && b <= 0xff800000u;
-        y[i] = select(b, 0u, negative);
+        y[i] = select(b, 0u, is_negative(b));
     }
 }

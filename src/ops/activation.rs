@@ -16,10 +16,15 @@ use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, PipelineKey, flat_grid};
 use crate::tensor::{DType, Tensor};
 
-const RELU_BACKWARD_SHADER: &str = include_str!("../../shaders/ops/activation_relu_backward.wgsl");
+const RELU_BACKWARD_SHADER: &str = concat!(
+    include_str!("../../shaders/ops/relu_bits.wgsl"),
+    include_str!("../../shaders/ops/activation_relu_backward.wgsl")
+);
 const LEAKY_RELU_SHADER: &str = include_str!("../../shaders/ops/activation_leaky_relu.wgsl");
-const LEAKY_RELU_BACKWARD_SHADER: &str =
-    include_str!("../../shaders/ops/activation_leaky_relu_backward.wgsl");
+const LEAKY_RELU_BACKWARD_SHADER: &str = concat!(
+    include_str!("../../shaders/ops/relu_bits.wgsl"),
+    include_str!("../../shaders/ops/activation_leaky_relu_backward.wgsl")
+);
 
 /// Threads per workgroup of every elementwise kernel in this module and in dropout.
 pub(crate) const WORKGROUP: u32 = 256;

@@ -6,7 +6,10 @@ use crate::error::Result;
 use crate::gpu::{PipelineKey, flat_grid};
 use crate::tensor::{DType, Tensor};
 
-const SHADER: &str = include_str!("../../shaders/ops/relu.wgsl");
+const SHADER: &str = concat!(
+    include_str!("../../shaders/ops/relu_bits.wgsl"),
+    include_str!("../../shaders/ops/relu.wgsl")
+);
 const WORKGROUP: u32 = 256;
 
 /// `max(x, 0)` elementwise; NaN passes through. `x` must be f32.
