@@ -3,10 +3,10 @@
 // load_b, store_c) plus run loads: `load_a_run` / `load_b_run` return 8
 // consecutive elements along the operand's contiguous axis as a `Run` (two
 // vec4<f16>), so the index arithmetic is done once per 8 elements and a run
-// moves as two 8-byte values. A_RUNS_ALONG_K /
-// B_RUNS_ALONG_K say which axis that is. The host sets RUN_A / RUN_B to 8 when
-// the shape keeps every run inside one contiguous, in-bounds span (channel
-// counts divisible by 8), else 1 (element loads, packed here).
+// moves as two 8-byte values. A_RUNS_ALONG_K / B_RUNS_ALONG_K say which axis
+// that is. The host sets RUN_A / RUN_B to 8 when the shape keeps every run
+// inside one contiguous, in-bounds span (channel counts divisible by 8), else 1
+// (element loads, gathered into a Run here).
 //
 // The block geometry is written in by the host (src/conv/coop.rs) as constants:
 // T (the adapter's tile, 8 or 16), SUBGROUP, SG_M x SG_N subgroups each owning

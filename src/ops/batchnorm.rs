@@ -25,13 +25,22 @@ use crate::ops::activation::relu_backward;
 use crate::ops::relu as relu_op;
 use crate::tensor::{DType, Shape, Tensor};
 
-const REDUCE_PRELUDE: &str = include_str!("../../shaders/ops/batchnorm_reduce.wgsl");
+const REDUCE_PRELUDE: &str = concat!(
+    include_str!("../../shaders/ops/relu_bits.wgsl"),
+    include_str!("../../shaders/ops/batchnorm_reduce.wgsl")
+);
 const SUM_SHADER: &str = include_str!("../../shaders/ops/batchnorm_sum.wgsl");
 const SUM_SQ_DEV_SHADER: &str = include_str!("../../shaders/ops/batchnorm_sum_sq_dev.wgsl");
 const BACKWARD_SUMS_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_sums.wgsl");
 const FINALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_finalize.wgsl");
-const NORMALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_normalize.wgsl");
-const BACKWARD_DX_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl");
+const NORMALIZE_SHADER: &str = concat!(
+    include_str!("../../shaders/ops/relu_bits.wgsl"),
+    include_str!("../../shaders/ops/batchnorm_normalize.wgsl")
+);
+const BACKWARD_DX_SHADER: &str = concat!(
+    include_str!("../../shaders/ops/relu_bits.wgsl"),
+    include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl")
+);
 const RUNNING_SHADER: &str = include_str!("../../shaders/ops/batchnorm_running.wgsl");
 
 /// Rows summed into one partial, on both paths. Fixed, so the grouping (and thus
@@ -334,17 +343,13 @@ fn backward(
         ));
     }
     let ctx = gpu_context(x);
+    // Without the fused ReLU the gate binding is dy itself, and not read.
+    let gate = relu_output.unwrap_or(dy);
     let [partial_dy, partial_dy_xhat] = partial_sums(
         ctx,
         "batchnorm_backward_sums",
         BACKWARD_SUMS_SHADER,
-        &[
-            dy,
-            relu_output.unwrap_or(dy),
-            x,
-            &stats.mean,
-            &stats.inv_std,
-        ],
+        &[dy, gate, x, &stats.mean, &stats.inv_std],
         layout,
         relu_output.is_some(),
     )?;
@@ -366,7 +371,7 @@ fn backward(
         &pipeline,
         &[
             buf(dy),
-            buf(relu_output.unwrap_or(dy)),
+            buf(gate),
             buf(x),
             buf(&stats.mean),
             buf(&stats.inv_std),

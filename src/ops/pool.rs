@@ -455,25 +455,24 @@ pub fn max_pool2d_backward(
     }
     let ctx = gpu_context(dy);
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
-    if g.windows_tile_input() {
-        // One invocation per window writes all of it (same bits as the gather).
-        launch_flat(
-            ctx,
+    // Windows that tile the input: one invocation per window writes all of it
+    // (same bits as the gather); else one per input element gathers.
+    let (kernel, source, len) = if g.windows_tile_input() {
+        (
             "pool_max_backward_tiled",
             MAX_BACKWARD_TILED,
-            &[gpu_buffer(dy), gpu_buffer(argmax), gpu_buffer(&dx)],
             g.output_len(),
-            |row_stride| g.params(g.output_len(), row_stride).to_vec(),
-        )?;
-        return Ok(dx);
-    }
+        )
+    } else {
+        ("pool_max_backward", MAX_BACKWARD, g.input_len())
+    };
     launch_flat(
         ctx,
-        "pool_max_backward",
-        MAX_BACKWARD,
+        kernel,
+        source,
         &[gpu_buffer(dy), gpu_buffer(argmax), gpu_buffer(&dx)],
-        g.input_len(),
-        |row_stride| g.params(g.input_len(), row_stride).to_vec(),
+        len,
+        |row_stride| g.params(len, row_stride).to_vec(),
     )?;
     Ok(dx)
 }
