@@ -1,37 +1,36 @@
-// Batch norm, pass 2 of every reduction: one workgroup per channel sums that
-// channel's chunk partials — each lane a fixed strided subset in order, then a
-// fixed tree — so the result is deterministic and the pass is parallel even
-// with thousands of chunks. Then it finishes the statistic:
-// mode 0: mean = sum / count; mode 1: inv_std = 1 / sqrt(sum / count + eps);
-// mode 2: the plain sum (dgamma, dbeta).
+// Batch norm, pass 2 of every reduction: one workgroup per channel adds that
+// channel's chunk partials (two per chunk) — each lane a fixed strided subset in
+// order, then a fixed tree — so the result is deterministic and the pass is
+// parallel even with thousands of chunks. Then it finishes the statistics:
+// mode 0 (moments: partials are (sum, m2 about the chunk's mean)):
+//   out_a = mean, out_b = inv_std = 1 / sqrt(M2 / count + eps), where
+//   M2 = sum(m2) + sum(n_chunk * (chunk mean - mean)^2) (Chan et al.);
+// mode 1: the two plain sums (dbeta, dgamma).
 
-@group(0) @binding(0) var<storage, read> partials: array<f32>;
-@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(0) var<storage, read> partial_a: array<f32>;
+@group(0) @binding(1) var<storage, read> partial_b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out_a: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out_b: array<f32>;
 
 struct Params {
     channels: u32,
     chunks: u32,
-    count: u32,
+    rows: u32,
+    chunk_rows: u32,
     eps: f32,
     mode: u32,
     // Workgroups per grid row: channel = wid.x + wid.y * row_stride.
     row_stride: u32,
 }
-@group(0) @binding(2) var<uniform> params: Params;
+@group(0) @binding(4) var<uniform> params: Params;
 
 const LANES: u32 = 256u;
-var<workgroup> lane_sums: array<f32, LANES>;
+var<workgroup> lane_sums: array<vec2<f32>, LANES>;
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let c = wid.x + wid.y * params.row_stride;
-    var sum = 0.0;
-    if (c < params.channels) {
-        for (var k = lane; k < params.chunks; k += LANES) {
-            sum += partials[k * params.channels + c];
-        }
-    }
-    lane_sums[lane] = sum;
+// The sum of `value` over the workgroup, in a fixed tree; every lane gets it.
+// Call from uniform control flow.
+fn workgroup_sum(lane: u32, value: vec2<f32>) -> vec2<f32> {
+    lane_sums[lane] = value;
     workgroupBarrier();
     for (var width = LANES / 2u; width > 0u; width /= 2u) {
         if (lane < width) {
@@ -39,20 +38,45 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
     }
-    if (lane != 0u || c >= params.channels) {
+    let total = lane_sums[0];
+    // Every lane has read the total before `lane_sums` is written again.
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let c = wid.x + wid.y * params.row_stride;
+    let live = c < params.channels;
+    var sums = vec2(0.0, 0.0);
+    if (live) {
+        for (var k = lane; k < params.chunks; k += LANES) {
+            let i = k * params.channels + c;
+            sums += vec2(partial_a[i], partial_b[i]);
+        }
+    }
+    let total = workgroup_sum(lane, sums);
+    if (params.mode == 1u) {
+        if (lane == 0u && live) {
+            out_a[c] = total.x;
+            out_b[c] = total.y;
+        }
         return;
     }
-    let total = lane_sums[0];
-    let count = f32(params.count);
-    switch params.mode {
-        case 0u: {
-            out[c] = total / count;
+    let count = f32(params.rows);
+    let mean = total.x / count;
+    var spread = 0.0;
+    if (live) {
+        for (var k = lane; k < params.chunks; k += LANES) {
+            let n = f32(min(params.chunk_rows, params.rows - k * params.chunk_rows));
+            let i = k * params.channels + c;
+            let d = partial_a[i] / n - mean;
+            spread += partial_b[i] + n * d * d;
         }
-        case 1u: {
-            out[c] = 1.0 / sqrt(total / count + params.eps);
-        }
-        default: {
-            out[c] = total;
-        }
+    }
+    let m2 = workgroup_sum(lane, vec2(spread, 0.0)).x;
+    if (lane == 0u && live) {
+        out_a[c] = mean;
+        out_b[c] = 1.0 / sqrt(m2 / count + params.eps);
     }
 }

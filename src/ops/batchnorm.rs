@@ -4,9 +4,14 @@
 //! axis is the channel); statistics are taken over every other element, so each
 //! channel has `count = numel / C` values, seen as `count` rows of `C`.
 //!
-//! Numerics: the mean comes first, then the variance as the mean of squared
-//! deviations from it. The one-pass `E[x^2] - E[x]^2` cancels catastrophically
-//! when activations carry an offset, which is exactly when batch norm matters.
+//! Numerics: the variance is always a mean of squared deviations, never the
+//! one-pass `E[x^2] - E[x]^2`, which cancels catastrophically when activations
+//! carry an offset, exactly when batch norm matters. The CPU takes the mean
+//! first, then the deviations from it, in f64. The GPU reads the input once for
+//! both: each chunk gives its sum and its squared deviations from its own mean,
+//! and the finalize pass merges the chunks exactly (Chan et al.'s pairwise
+//! update), so a training forward is three dispatches (moments, finalize,
+//! normalize) and a backward three (sums, finalize, dx).
 //!
 //! Determinism: every reduction sums fixed chunks of [`CHUNK_ROWS`] rows into a
 //! per-channel partials buffer `[chunks, C]` (on the GPU: in-order row lanes, then
@@ -29,8 +34,7 @@ const REDUCE_PRELUDE: &str = concat!(
     include_str!("../../shaders/ops/relu_bits.wgsl"),
     include_str!("../../shaders/ops/batchnorm_reduce.wgsl")
 );
-const SUM_SHADER: &str = include_str!("../../shaders/ops/batchnorm_sum.wgsl");
-const SUM_SQ_DEV_SHADER: &str = include_str!("../../shaders/ops/batchnorm_sum_sq_dev.wgsl");
+const MOMENTS_SHADER: &str = include_str!("../../shaders/ops/batchnorm_moments.wgsl");
 const BACKWARD_SUMS_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_sums.wgsl");
 const FINALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_finalize.wgsl");
 const NORMALIZE_SHADER: &str = concat!(
@@ -107,17 +111,15 @@ fn train(
         return Ok((if relu { relu_op(&y)? } else { y }, stats));
     }
     let ctx = gpu_context(x);
-    let [sums] = partial_sums(ctx, "batchnorm_sum", SUM_SHADER, &[x], layout, false)?;
-    let mean = finalize(ctx, &sums, layout, Finish::Mean, eps)?;
-    let [squares] = partial_sums(
+    let moments = partial_sums(
         ctx,
-        "batchnorm_sum_sq_dev",
-        SUM_SQ_DEV_SHADER,
-        &[x, &mean],
+        "batchnorm_moments",
+        MOMENTS_SHADER,
+        &[x],
         layout,
         false,
     )?;
-    let inv_std = finalize(ctx, &squares, layout, Finish::InvStd, eps)?;
+    let [mean, inv_std] = finalize(ctx, &moments, layout, Finish::MeanInvStd, eps)?;
     let y = normalize_gpu(ctx, x, [&mean, &inv_std], [gamma, beta], None, relu)?;
     Ok((y, BatchNormStats { mean, inv_std }))
 }
@@ -345,7 +347,7 @@ fn backward(
     let ctx = gpu_context(x);
     // Without the fused ReLU the gate binding is dy itself, and not read.
     let gate = relu_output.unwrap_or(dy);
-    let [partial_dy, partial_dy_xhat] = partial_sums(
+    let sums = partial_sums(
         ctx,
         "batchnorm_backward_sums",
         BACKWARD_SUMS_SHADER,
@@ -353,8 +355,7 @@ fn backward(
         layout,
         relu_output.is_some(),
     )?;
-    let dbeta = finalize(ctx, &partial_dy, layout, Finish::Sum, 0.0)?;
-    let dgamma = finalize(ctx, &partial_dy_xhat, layout, Finish::Sum, 0.0)?;
+    let [dbeta, dgamma] = finalize(ctx, &sums, layout, Finish::Sums, 0.0)?;
     let pipeline = pipeline(ctx, "batchnorm_backward_dx", || BACKWARD_DX_SHADER.into())?;
     let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let len = x.numel();
@@ -564,12 +565,13 @@ fn backward_cpu(
 
 // ---- GPU path -------------------------------------------------------------
 
-/// What the second reduction pass makes of a channel's total.
+/// What the second reduction pass makes of a channel's two partials.
 #[derive(Clone, Copy)]
 enum Finish {
-    Mean = 0,
-    InvStd = 1,
-    Sum = 2,
+    /// (sum, m2 about the chunk mean) -> (mean, inv_std).
+    MeanInvStd = 0,
+    /// Two plain sums.
+    Sums = 1,
 }
 
 fn gpu_context(t: &Tensor) -> &Arc<GpuContext> {
@@ -595,26 +597,20 @@ fn pipeline(
 }
 
 /// Records a partial-sum kernel (`source` after the reduce prelude): one workgroup
-/// per (channel tile, chunk of rows), writing `K` partials buffers `[chunks, C]`
+/// per (channel tile, chunk of rows), writing two partials buffers `[chunks, C]`
 /// bound after `inputs`.
-fn partial_sums<const K: usize>(
+fn partial_sums(
     ctx: &Arc<GpuContext>,
     kernel: &'static str,
     source: &'static str,
     inputs: &[&Tensor],
     layout: Layout,
     relu_gate: bool,
-) -> Result<[Tensor; K]> {
+) -> Result<[Tensor; 2]> {
     let pipeline = pipeline(ctx, kernel, || [REDUCE_PRELUDE, source].concat().into())?;
     let chunks = layout.rows.div_ceil(CHUNK_ROWS);
-    let mut partials = Vec::with_capacity(K);
-    for _ in 0..K {
-        partials.push(Tensor::uninit_gpu(
-            ctx,
-            Shape::new([chunks, layout.channels])?,
-            DType::F32,
-        )?);
-    }
+    let partial = || Tensor::uninit_gpu(ctx, Shape::new([chunks, layout.channels])?, DType::F32);
+    let partials = [partial()?, partial()?];
     let channel_tiles = layout.channels.div_ceil(TILE_CHANNELS);
     let groups = channel_tiles * chunks;
     let (grid, group_stride) = flat_grid(groups, 1, max_groups(ctx));
@@ -635,28 +631,28 @@ fn partial_sums<const K: usize>(
         bytemuck::cast_slice(&params),
         grid,
     )?;
-    Ok(partials
-        .try_into()
-        .expect("exactly K partials buffers were made"))
+    Ok(partials)
 }
 
-/// Records the second reduction pass: per channel (one workgroup each), the
+/// Records the second reduction pass: per channel (one workgroup each), both
 /// partials summed in a fixed order and finished as `finish` says.
 fn finalize(
     ctx: &Arc<GpuContext>,
-    partials: &Tensor,
+    [partial_a, partial_b]: &[Tensor; 2],
     layout: Layout,
     finish: Finish,
     eps: f32,
-) -> Result<Tensor> {
+) -> Result<[Tensor; 2]> {
     let pipeline = pipeline(ctx, "batchnorm_finalize", || FINALIZE_SHADER.into())?;
-    let out = Tensor::uninit_gpu(ctx, Shape::new([layout.channels])?, DType::F32)?;
+    let out = || Tensor::uninit_gpu(ctx, Shape::new([layout.channels])?, DType::F32);
+    let (out_a, out_b) = (out()?, out()?);
     // One workgroup per channel: a "grid row" is `row_stride` workgroups.
     let (grid, row_stride) = flat_grid(layout.channels, 1, max_groups(ctx));
     let params = [
         layout.channels as u32,
         layout.rows.div_ceil(CHUNK_ROWS) as u32,
         layout.rows as u32,
+        CHUNK_ROWS as u32,
         eps.to_bits(),
         finish as u32,
         row_stride,
@@ -664,11 +660,11 @@ fn finalize(
     ctx.dispatch(
         "batchnorm_finalize",
         &pipeline,
-        &[buf(partials), buf(&out)],
+        &[buf(partial_a), buf(partial_b), buf(&out_a), buf(&out_b)],
         bytemuck::cast_slice(&params),
         grid,
     )?;
-    Ok(out)
+    Ok([out_a, out_b])
 }
 
 /// Records the normalize kernel. `spread` is inv_std, or with `variance_eps` the

@@ -1,0 +1,44 @@
+// Batch norm forward, pass 1: per chunk of rows, each channel's sum and the sum
+// of squared deviations from the chunk's own mean (partials[chunk, c] = (sum,
+// m2)). The finalize pass merges the chunks exactly (Chan et al.): deviations,
+// never E[x^2] - E[x]^2, which cancels catastrophically when the data has an
+// offset. The chunk is read twice; the second read comes from cache.
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> partial_sum: array<f32>;
+@group(0) @binding(2) var<storage, read_write> partial_m2: array<f32>;
+@group(0) @binding(3) var<uniform> params: ReduceParams;
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let group = group_index(wid);
+    if (group >= params.groups) {
+        return;
+    }
+    let channel = (group % params.channel_tiles) * TILE_CHANNELS + lid.x;
+    let chunk = group / params.channel_tiles;
+    let begin = chunk * params.chunk_rows;
+    let end = min(begin + params.chunk_rows, params.rows);
+    var sum = 0.0;
+    if (channel < params.channels) {
+        for (var row = begin + lid.y; row < end; row += ROW_LANES) {
+            sum += x[row * params.channels + channel];
+        }
+    }
+    let total = reduce_lanes(lid, vec2(sum, 0.0)).x;
+    // Every lane has read its total before the second reduction reuses `lanes`.
+    workgroupBarrier();
+    let chunk_mean = total / f32(end - begin);
+    var m2 = 0.0;
+    if (channel < params.channels) {
+        for (var row = begin + lid.y; row < end; row += ROW_LANES) {
+            let d = x[row * params.channels + channel] - chunk_mean;
+            m2 += d * d;
+        }
+    }
+    let total_m2 = reduce_lanes(lid, vec2(m2, 0.0)).x;
+    if (lid.y == 0u && channel < params.channels) {
+        partial_sum[chunk * params.channels + channel] = total;
+        partial_m2[chunk * params.channels + channel] = total_m2;
+    }
+}
