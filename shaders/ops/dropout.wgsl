@@ -5,6 +5,10 @@
 // y[i] = x[i] * mask[i]. Element i uses draw (i / map_span) * channels +
 // i % channels: i itself for elementwise dropout (map_span = channels = 1),
 // n * C + c for spatial dropout (map_span = H * W * C, channels = C).
+// An invocation takes one draw to up to PIXELS_PER_DRAW elements of it, one per
+// pixel, so spatial dropout runs Philox's ten rounds once per 8 pixels, not
+// per element: lane (map, pixel block, channel), adjacent lanes adjacent
+// channels, so the loads stay contiguous.
 // `backward`: dx[i] = dy[i] * mask[i].
 //
 // Both entry points bind input at 0, the mask at 1 (written by `main`, read by
@@ -26,23 +30,36 @@ struct Params {
     stream: u32,
     channels: u32,
     map_span: u32,
+    // Invocations per map: ceil(pixels / PIXELS_PER_DRAW) * channels.
+    map_lanes: u32,
 }
 @group(0) @binding(3) var<uniform> params: Params;
 
 
+const PIXELS_PER_DRAW: u32 = 8u;
+
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x + gid.y * params.row_stride;
-    if (i < params.len) {
-        let draw = (i / params.map_span) * params.channels + i % params.channels;
-        var m = params.scale;
-        if (params.drop_threshold != 0u) {
-            let bits = philox_lane0(
-                vec4<u32>(draw, params.step, params.stream, 0u),
-                vec2<u32>(params.key0, params.key1),
-            );
-            m = select(params.scale, 0.0, bits < params.drop_threshold);
-        }
+    let lane = gid.x + gid.y * params.row_stride;
+    // Here `len` counts invocations: maps * map_lanes.
+    if (lane >= params.len) {
+        return;
+    }
+    let map = lane / params.map_lanes;
+    let c = lane % params.channels;
+    let first_pixel = (lane % params.map_lanes) / params.channels * PIXELS_PER_DRAW;
+    let pixels = params.map_span / params.channels;
+    var m = params.scale;
+    if (params.drop_threshold != 0u) {
+        let bits = philox_lane0(
+            vec4<u32>(map * params.channels + c, params.step, params.stream, 0u),
+            vec2<u32>(params.key0, params.key1),
+        );
+        m = select(params.scale, 0.0, bits < params.drop_threshold);
+    }
+    let end = min(first_pixel + PIXELS_PER_DRAW, pixels);
+    for (var p = first_pixel; p < end; p++) {
+        let i = map * params.map_span + p * params.channels + c;
         mask_out[i] = m;
         output[i] = input[i] * m;
     }

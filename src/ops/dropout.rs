@@ -29,6 +29,10 @@ const SHADER: &str = concat!(
     include_str!("../../shaders/ops/dropout.wgsl")
 );
 
+/// Pixels of one spatial-dropout map that one GPU invocation masks with one
+/// draw (`PIXELS_PER_DRAW` in dropout.wgsl).
+const PIXELS_PER_DRAW: u32 = 8;
+
 /// The counter's third word for elementwise [`dropout`].
 pub const ELEMENT_STREAM: u32 = 0;
 /// The counter's third word for [`spatial_dropout`], so its draws never repeat
@@ -105,7 +109,7 @@ pub fn dropout_backward(dy: &Tensor, mask: &Tensor) -> Result<Tensor> {
     }
     // The shader's entry points share one uniform block; only `len` and
     // `row_stride` matter here, the mask fields are zero.
-    gpu_elementwise("dropout_backward", "backward", SHADER, &[dy, mask], &[0; 8])
+    gpu_elementwise("dropout_backward", "backward", SHADER, &[dy, mask], &[0; 9])
 }
 
 /// Everything that decides one mask: the uniform block of the forward kernel.
@@ -178,9 +182,17 @@ impl MaskPlan {
             .collect()
     }
 
-    fn gpu_params(&self, len: u32, row_stride: u32) -> [u32; 10] {
+    /// Invocations per map of the forward kernel: one per channel and block of
+    /// [`PIXELS_PER_DRAW`] pixels.
+    fn map_lanes(&self) -> u32 {
+        let pixels = self.map_span / self.channels;
+        pixels.div_ceil(PIXELS_PER_DRAW) * self.channels
+    }
+
+    /// The forward kernel's uniform block, for `lanes` invocations.
+    fn gpu_params(&self, lanes: u32, row_stride: u32) -> [u32; 11] {
         [
-            len,
+            lanes,
             row_stride,
             self.drop_threshold,
             self.scale.to_bits(),
@@ -190,6 +202,7 @@ impl MaskPlan {
             self.stream,
             self.channels,
             self.map_span,
+            self.map_lanes(),
         ]
     }
 }
@@ -211,9 +224,10 @@ fn masked(x: &Tensor, rate: f32, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
     let pipeline = elementwise_pipeline(ctx, "dropout", "main", SHADER)?;
     let mask = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
-    let len = x.numel();
-    let (grid, row_stride) = elementwise_grid(ctx, len);
-    let params = plan.gpu_params(len as u32, row_stride);
+    let maps = x.numel() / plan.map_span as usize;
+    let lanes = maps * plan.map_lanes() as usize;
+    let (grid, row_stride) = elementwise_grid(ctx, lanes);
+    let params = plan.gpu_params(lanes as u32, row_stride);
     ctx.dispatch(
         "dropout",
         &pipeline,
