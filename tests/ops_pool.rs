@@ -376,7 +376,8 @@ test_device!(
     global_avg_pool_matches_reference_and_is_deterministic,
     |device: &Device| {
         let mut rng = Rng::fresh();
-        // 23 * 19 = 437 > 256 elements per plane: lanes add more than one element.
+        // 23 * 19 = 437 elements per plane: lanes add more than one element; 35
+        // (n, c) pairs end mid-workgroup.
         for dims in [[1, 3, 5, 3], [5, 23, 19, 7]] {
             let data = rng.vec(numel(dims));
             let x = Tensor::from_f32(dims.to_vec(), data.clone(), device).unwrap();

@@ -1,7 +1,9 @@
-// Global average pool: one workgroup per (n, c) pair. Lane t sums elements
-// t, t + 256, ... of the H*W plane in order, then a fixed tree (strides 128 .. 1)
+// Global average pool: each workgroup takes PAIRS_PER_GROUP (n, c) pairs with
+// PLANE_LANES lanes each. Lane t of a pair sums elements t, t + PLANE_LANES, ...
+// of its H*W plane in order, then a fixed tree (strides PLANE_LANES / 2 .. 1)
 // adds the lanes, so the result is the same bits on every run. The CPU path
-// follows the same order.
+// follows the same order. Few lanes per pair, because the planes of a CNN head
+// are small (16 values in the v1 model): a workgroup per pair left most lanes idle.
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read_write> y: array<f32>;
@@ -15,35 +17,33 @@ struct Params {
 }
 @group(0) @binding(2) var<uniform> params: Params;
 
-const LANES: u32 = 256u;
-var<workgroup> partial: array<f32, LANES>;
+const PLANE_LANES: u32 = 16u;
+const PAIRS_PER_GROUP: u32 = 16u;
+var<workgroup> partial: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(local_invocation_index) lane: u32,
+    @builtin(local_invocation_index) index: u32,
 ) {
-    // Uniform across the workgroup, so the early return keeps barriers uniform.
-    let pair = wg.x + wg.y * params.row_stride;
-    if (pair >= params.pairs) {
-        return;
-    }
-    let n = pair / params.c;
-    let ch = pair % params.c;
-    let base = n * params.hw * params.c + ch;
+    let lane = index % PLANE_LANES;
+    let pair = (wg.x + wg.y * params.row_stride) * PAIRS_PER_GROUP + index / PLANE_LANES;
     var sum = 0.0;
-    for (var i = lane; i < params.hw; i += LANES) {
-        sum += x[base + i * params.c];
+    if (pair < params.pairs) {
+        let base = (pair / params.c) * params.hw * params.c + pair % params.c;
+        for (var i = lane; i < params.hw; i += PLANE_LANES) {
+            sum += x[base + i * params.c];
+        }
     }
-    partial[lane] = sum;
+    partial[index] = sum;
     workgroupBarrier();
-    for (var stride = LANES / 2u; stride > 0u; stride /= 2u) {
+    for (var stride = PLANE_LANES / 2u; stride > 0u; stride /= 2u) {
         if (lane < stride) {
-            partial[lane] += partial[lane + stride];
+            partial[index] += partial[index + stride];
         }
         workgroupBarrier();
     }
-    if (lane == 0u) {
-        y[pair] = partial[0] / f32(params.hw);
+    if (lane == 0u && pair < params.pairs) {
+        y[pair] = partial[index] / f32(params.hw);
     }
 }

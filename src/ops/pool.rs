@@ -583,12 +583,19 @@ fn global_dims(op: &'static str, dims: &[usize]) -> Result<[usize; 4]> {
     Ok([n, h, w, c])
 }
 
+/// Lanes that sum one (n, c) plane in the global average pool
+/// (`PLANE_LANES` in pool_global_avg_forward.wgsl).
+const PLANE_LANES: usize = 16;
+/// Planes per workgroup of that kernel (`PAIRS_PER_GROUP`).
+const PLANES_PER_GROUP: usize = WORKGROUP as usize / PLANE_LANES;
+
 /// Sum of one (n, c) plane in the GPU kernel's order: lane `t` adds elements
-/// `t, t + 256, ...` in turn, then a tree with strides 128 .. 1 adds the lanes.
+/// `t, t + PLANE_LANES, ...` in turn, then a tree with strides
+/// `PLANE_LANES / 2 .. 1` adds the lanes.
 fn plane_sum(plane: impl Fn(usize) -> f32, hw: usize) -> f32 {
-    let mut lanes = [0.0f32; WORKGROUP as usize];
+    let mut lanes = [0.0f32; PLANE_LANES];
     for (lane, partial) in lanes.iter_mut().enumerate() {
-        for i in (lane..hw).step_by(WORKGROUP as usize) {
+        for i in (lane..hw).step_by(PLANE_LANES) {
             *partial += plane(i);
         }
     }
@@ -622,9 +629,9 @@ pub fn global_avg_pool(x: &Tensor) -> Result<Tensor> {
     let ctx = gpu_context(x);
     let pipeline = pipeline(ctx, "pool_global_avg_forward", GLOBAL_AVG_FORWARD)?;
     let y = Tensor::uninit_gpu(ctx, Shape::new(vec![n, c])?, DType::F32)?;
-    // One workgroup per (n, c) pair.
+    // PLANES_PER_GROUP (n, c) pairs per workgroup.
     let (grid, row_stride) = flat_grid(
-        n * c,
+        (n * c).div_ceil(PLANES_PER_GROUP),
         1,
         ctx.caps().limits.max_compute_workgroups_per_dimension,
     );
