@@ -152,8 +152,9 @@ impl CoopBlock {
         // 128 x 128 where fewer rows would leave the GPU part idle with
         // 256-row blocks; dweight (a few hundred rows, a long split
         // reduction) 128 rows by its output width, 64 x 32 for the first
-        // layer's 28 rows (entry 15). The 4096^3 GEMM (entry 12) prefers
-        // 256 x 128 (forward, dinput) and 128 x 128 (dweight).
+        // layer's 28 rows (entry 16). Shorter GEMMs at most 64 wide take
+        // 128 x 64 blocks with a 64-deep step (entry 20). The 4096^3 GEMM
+        // (entry 12) prefers 256 x 128 (forward, dinput) and 128 x 128 (dweight).
         let t = tile as usize;
         let narrow = cols <= 2 * t;
         let wide = cols >= 16 * t;
@@ -163,6 +164,9 @@ impl CoopBlock {
             ConvDirection::Forward | ConvDirection::DInput if wide => block([4, 2], [4, 4], 2),
             ConvDirection::Forward | ConvDirection::DInput if tall && cols <= 4 * t => {
                 block([8, 2], [2, 2], 2)
+            }
+            ConvDirection::Forward | ConvDirection::DInput if cols <= 4 * t => {
+                block([4, 4], [2, 1], 4)
             }
             ConvDirection::Forward | ConvDirection::DInput => block([4, 4], [2, 2], 2),
             ConvDirection::DWeight if narrow && rows <= 4 * t => block([2, 2], [2, 1], 2),
@@ -387,6 +391,10 @@ mod tests {
         );
         assert_eq!(
             first(ConvDirection::DInput, 16_384, 64).dims(),
+            (128, 64, 64)
+        );
+        assert_eq!(
+            first(ConvDirection::Forward, 16_384, 128).dims(),
             (128, 128, 32)
         );
         assert_eq!(
