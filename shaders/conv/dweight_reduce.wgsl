@@ -1,5 +1,10 @@
 // dweight, pass 2: sums the split-K slices in a fixed order (bit-identical runs,
 // no float atomics) and splits the result into dW[K, C_out] and dbias[C_out].
+// A workgroup takes OUTPUTS consecutive outputs with SPLIT_LANES lanes each:
+// lane l adds slices l, l + SPLIT_LANES, ... in order, then a fixed tree adds
+// the lanes. The outputs are few (a few thousand) and the slices many (up to a
+// few hundred), so one invocation per output left most of the GPU idle while
+// each walked every slice.
 
 @group(0) @binding(0) var<storage, read> partial: array<f32>;
 @group(0) @binding(1) var<storage, read_write> dw: array<f32>;
@@ -7,25 +12,47 @@
 
 struct Params {
     splits: u32,
+    // Workgroups per grid row.
     row_stride: u32,
 }
 @group(0) @binding(3) var<uniform> params: Params;
 
+const OUTPUTS: u32 = 32u;
+const SPLIT_LANES: u32 = 8u;
+var<workgroup> lane_sums: array<f32, OUTPUTS * SPLIT_LANES>;
+
 @compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x + gid.y * params.row_stride;
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) index: u32,
+) {
+    // Adjacent invocations take adjacent outputs of one slice: coalesced reads.
+    let column = index % OUTPUTS;
+    let lane = index / OUTPUTS;
+    let i = (wid.x + wid.y * params.row_stride) * OUTPUTS + column;
     let weights = R * S * C_IN * C_OUT;
     let per_slice = weights + C_OUT;
-    if (i >= per_slice) {
+    var sum = 0.0;
+    if (i < per_slice) {
+        for (var z = lane; z < params.splits; z += SPLIT_LANES) {
+            sum += partial[z * per_slice + i];
+        }
+    }
+    lane_sums[index] = sum;
+    workgroupBarrier();
+    for (var width = SPLIT_LANES / 2u; width > 0u; width /= 2u) {
+        if (lane < width) {
+            lane_sums[index] += lane_sums[index + width * OUTPUTS];
+        }
+        workgroupBarrier();
+    }
+    if (lane != 0u || i >= per_slice) {
         return;
     }
-    var sum = 0.0;
-    for (var z = 0u; z < params.splits; z++) {
-        sum += partial[z * per_slice + i];
-    }
+    let total = lane_sums[index];
     if (i < weights) {
-        dw[i] = sum;
+        dw[i] = total;
     } else {
-        dbias[i - weights] = sum;
+        dbias[i - weights] = total;
     }
 }

@@ -33,7 +33,8 @@ const REDUCE: ConvKernel = ConvKernel {
     gemm: None,
     f32_inputs: &[],
 };
-const REDUCE_WORKGROUP: u32 = 256;
+/// Outputs per workgroup of the split-K reduce (`OUTPUTS` in dweight_reduce.wgsl).
+const REDUCE_OUTPUTS: usize = 32;
 /// Images per partial sum on the CPU path: a fixed grouping keeps the CPU result
 /// independent of the thread count.
 const CPU_IMAGES_PER_PARTIAL: usize = 4;
@@ -148,9 +149,10 @@ pub fn conv2d_dweight(
     )?;
     let dw = Tensor::uninit_gpu(ctx, Shape::new(meta.weight_dims())?, DType::F32)?;
     let db = Tensor::uninit_gpu(ctx, Shape::new([meta.c_out])?, DType::F32)?;
+    // REDUCE_OUTPUTS outputs per workgroup: a "grid row" is `row_stride` workgroups.
     let (grid, row_stride) = flat_grid(
-        per_slice,
-        REDUCE_WORKGROUP,
+        per_slice.div_ceil(REDUCE_OUTPUTS),
+        1,
         ctx.caps().limits.max_compute_workgroups_per_dimension,
     );
     ctx.dispatch(
