@@ -18,10 +18,18 @@ use common::Rng;
 
 const EPS: f32 = 1e-3;
 const BOUND: f64 = 1e-5;
-/// Images, a channel count that is a multiple of nothing, dense data, and a batch
+/// Images, a channel count that is a multiple of nothing, dense data, a batch
 /// whose 1088 values per channel span several partial-sum chunks (the last one
-/// partly filled).
-const SHAPES: [&[usize]; 4] = [&[5, 3, 7, 6], &[1, 2, 3, 33], &[7, 13], &[4, 16, 17, 5]];
+/// partly filled), and channel counts that divide by 4 (the elementwise kernels
+/// then move 4 values per invocation), one of them spanning chunks too.
+const SHAPES: [&[usize]; 6] = [
+    &[5, 3, 7, 6],
+    &[1, 2, 3, 33],
+    &[7, 13],
+    &[4, 16, 17, 5],
+    &[3, 5, 7, 12],
+    &[2, 19, 17, 8],
+];
 
 fn channels_of(dims: &[usize]) -> usize {
     dims[dims.len() - 1]
@@ -313,9 +321,11 @@ test_device!(
     |device: &Device| {
         let mut rng = Rng::fresh();
         let bits = |t: &Tensor| -> Vec<u32> { values(t).into_iter().map(f32::to_bits).collect() };
-        for (case, dims) in [&[4usize, 16, 17, 5][..], &[7, 13]].into_iter().enumerate() {
+        // The last shape's 8 channels take the 4-value kernels.
+        let shapes = [&[4usize, 16, 17, 5][..], &[7, 13], &[2, 19, 17, 8]];
+        for (case, dims) in shapes.into_iter().enumerate() {
             let [(_, mut xs), (gamma, _), (beta, _)] = random_inputs(&mut rng, dims, device);
-            if case == 1 {
+            if case >= 1 {
                 // A NaN makes its channel's statistics NaN: it must reach y and be
                 // gated out of the gradient exactly as the separate ops do.
                 xs[4] = f32::NAN;

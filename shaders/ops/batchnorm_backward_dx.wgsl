@@ -1,18 +1,20 @@
 // Batch norm backward, input gradient, from the finished per-channel sums:
 // dx = gamma * inv_std * (dy - sum(dy) / count - xhat * sum(dy * xhat) / count),
-// the standard formula gamma * inv_std / count * (count * dy - ...) rearranged.
-// With params.relu_gate, dy is taken only where the fused ReLU's output
-// `relu_y` is > 0 (on its bits, as relu_backward: NaN does not pass).
+// the standard formula gamma * inv_std / count * (count * dy - ...) rearranged;
+// a `Lanes` of values per invocation (batchnorm_lanes*.wgsl; `len` and
+// `channels` count lanes). With params.relu_gate, dy is taken only where the
+// fused ReLU's output `relu_y` is > 0 (on its bits, as relu_backward: NaN does
+// not pass).
 
-@group(0) @binding(0) var<storage, read> dy: array<f32>;
-@group(0) @binding(1) var<storage, read> relu_y: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
-@group(0) @binding(3) var<storage, read> mean: array<f32>;
-@group(0) @binding(4) var<storage, read> inv_std: array<f32>;
-@group(0) @binding(5) var<storage, read> gamma: array<f32>;
-@group(0) @binding(6) var<storage, read> sum_dy: array<f32>;
-@group(0) @binding(7) var<storage, read> sum_dy_xhat: array<f32>;
-@group(0) @binding(8) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(0) var<storage, read> dy: array<Lanes>;
+@group(0) @binding(1) var<storage, read> relu_y: array<LaneBits>;
+@group(0) @binding(2) var<storage, read> x: array<Lanes>;
+@group(0) @binding(3) var<storage, read> mean: array<Lanes>;
+@group(0) @binding(4) var<storage, read> inv_std: array<Lanes>;
+@group(0) @binding(5) var<storage, read> gamma: array<Lanes>;
+@group(0) @binding(6) var<storage, read> sum_dy: array<Lanes>;
+@group(0) @binding(7) var<storage, read> sum_dy_xhat: array<Lanes>;
+@group(0) @binding(8) var<storage, read_write> dx: array<Lanes>;
 
 struct Params {
     len: u32,
@@ -34,8 +36,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let s = inv_std[c];
     let xhat = (x[i] - mean[c]) * s;
     var g = dy[i];
-    if (params.relu_gate != 0u && !is_positive(relu_y[i])) {
-        g = 0.0;
+    if (params.relu_gate != 0u) {
+        g = select(Lanes(0.0), g, passes_lanes(relu_y[i]));
     }
     dx[i] = gamma[c] * s * (g - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count));
 }

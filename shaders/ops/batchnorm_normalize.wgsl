@@ -1,16 +1,17 @@
 // Batch norm forward: y = (x - mean[c]) * inv_std[c] * gamma[c] + beta[c], c the
-// last (channel) axis. `spread` holds inv_std (training) or, with
+// last (channel) axis, a `Lanes` of values per invocation (batchnorm_lanes*.wgsl;
+// `len` and `channels` count lanes). `spread` holds inv_std (training) or, with
 // spread_is_variance = 1, the running variance (inference), turned into
 // 1 / sqrt(var + eps) here. With relu = 1 the result goes through ReLU (the
 // fused BatchNorm + ReLU), decided on the bits as relu.wgsl does: negative
 // non-zero numbers become +0, NaN and -0.0 pass through.
 
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> mean: array<f32>;
-@group(0) @binding(2) var<storage, read> spread: array<f32>;
-@group(0) @binding(3) var<storage, read> gamma: array<f32>;
-@group(0) @binding(4) var<storage, read> beta: array<f32>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(0) var<storage, read> x: array<Lanes>;
+@group(0) @binding(1) var<storage, read> mean: array<Lanes>;
+@group(0) @binding(2) var<storage, read> spread: array<Lanes>;
+@group(0) @binding(3) var<storage, read> gamma: array<Lanes>;
+@group(0) @binding(4) var<storage, read> beta: array<Lanes>;
+@group(0) @binding(5) var<storage, read_write> y: array<Lanes>;
 
 struct Params {
     len: u32,
@@ -31,8 +32,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = i % params.channels;
     var inv_std = spread[c];
     if (params.spread_is_variance != 0u) {
-        inv_std = 1.0 / sqrt(inv_std + params.eps);
+        inv_std = Lanes(1.0) / sqrt(inv_std + Lanes(params.eps));
     }
     let v = (x[i] - mean[c]) * inv_std * gamma[c] + beta[c];
-    y[i] = select(v, 0.0, params.relu != 0u && is_negative(bitcast<u32>(v)));
+    y[i] = select(v, relu_lanes(v), params.relu != 0u);
 }

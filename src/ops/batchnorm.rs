@@ -37,14 +37,9 @@ const REDUCE_PRELUDE: &str = concat!(
 const MOMENTS_SHADER: &str = include_str!("../../shaders/ops/batchnorm_moments.wgsl");
 const BACKWARD_SUMS_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_sums.wgsl");
 const FINALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_finalize.wgsl");
-const NORMALIZE_SHADER: &str = concat!(
-    include_str!("../../shaders/ops/relu_bits.wgsl"),
-    include_str!("../../shaders/ops/batchnorm_normalize.wgsl")
-);
-const BACKWARD_DX_SHADER: &str = concat!(
-    include_str!("../../shaders/ops/relu_bits.wgsl"),
-    include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl")
-);
+const RELU_BITS: &str = include_str!("../../shaders/ops/relu_bits.wgsl");
+const NORMALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_normalize.wgsl");
+const BACKWARD_DX_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl");
 const RUNNING_SHADER: &str = include_str!("../../shaders/ops/batchnorm_running.wgsl");
 
 /// Rows summed into one partial, on both paths. Fixed, so the grouping (and thus
@@ -356,13 +351,14 @@ fn backward(
         relu_output.is_some(),
     )?;
     let [dbeta, dgamma] = finalize(ctx, &sums, layout, Finish::Sums, 0.0)?;
-    let pipeline = pipeline(ctx, "batchnorm_backward_dx", || BACKWARD_DX_SHADER.into())?;
+    let lanes = Lanes::of(layout);
+    let pipeline = lanes.pipeline(ctx, "batchnorm_backward_dx", BACKWARD_DX_SHADER)?;
     let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
-    let len = x.numel();
+    let len = x.numel() / lanes.width;
     let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
     let params = [
         len as u32,
-        layout.channels as u32,
+        (layout.channels / lanes.width) as u32,
         layout.rows as u32,
         row_stride,
         u32::from(relu_output.is_some()),
@@ -596,6 +592,50 @@ fn pipeline(
         .require(&PipelineKey::new(kernel, "portable"), "main", source)
 }
 
+/// How many consecutive values an invocation of the elementwise kernels
+/// (normalize, backward dx) moves: 4 where the channel count divides by 4
+/// (shaders/ops/batchnorm_lanes4.wgsl), else 1.
+#[derive(Clone, Copy)]
+struct Lanes {
+    width: usize,
+}
+
+impl Lanes {
+    fn of(layout: Layout) -> Self {
+        Self {
+            width: if layout.channels.is_multiple_of(4) {
+                4
+            } else {
+                1
+            },
+        }
+    }
+
+    /// `kernel`'s pipeline at this width: ReLU's bit tests, the lane header,
+    /// then `source`.
+    fn pipeline(
+        self,
+        ctx: &GpuContext,
+        kernel: &'static str,
+        source: &'static str,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let (variant, header) = match self.width {
+            4 => (
+                "lanes4",
+                include_str!("../../shaders/ops/batchnorm_lanes4.wgsl"),
+            ),
+            _ => (
+                "lanes1",
+                include_str!("../../shaders/ops/batchnorm_lanes1.wgsl"),
+            ),
+        };
+        ctx.pipelines()
+            .require(&PipelineKey::new(kernel, variant), "main", || {
+                [RELU_BITS, header, source].concat().into()
+            })
+    }
+}
+
 /// Records a partial-sum kernel (`source` after the reduce prelude): one workgroup
 /// per (channel tile, chunk of rows), writing two partials buffers `[chunks, C]`
 /// bound after `inputs`.
@@ -677,13 +717,14 @@ fn normalize_gpu(
     variance_eps: Option<f32>,
     relu: bool,
 ) -> Result<Tensor> {
-    let pipeline = pipeline(ctx, "batchnorm_normalize", || NORMALIZE_SHADER.into())?;
+    let lanes = Lanes::of(Layout::of("batch_norm", x)?);
+    let pipeline = lanes.pipeline(ctx, "batchnorm_normalize", NORMALIZE_SHADER)?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
-    let len = x.numel();
+    let len = x.numel() / lanes.width;
     let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
     let params = [
         len as u32,
-        mean.numel() as u32,
+        (mean.numel() / lanes.width) as u32,
         row_stride,
         u32::from(variance_eps.is_some()),
         variance_eps.unwrap_or(0.0).to_bits(),

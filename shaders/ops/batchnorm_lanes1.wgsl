@@ -1,0 +1,13 @@
+// One value per invocation of the elementwise batch-norm kernels (the channel
+// count does not divide by 4). See batchnorm_lanes4.wgsl.
+
+alias Lanes = f32;
+alias LaneBits = u32;
+
+fn relu_lanes(v: Lanes) -> Lanes {
+    return select(v, 0.0, is_negative(bitcast<u32>(v)));
+}
+
+fn passes_lanes(b: LaneBits) -> bool {
+    return is_positive(b);
+}
