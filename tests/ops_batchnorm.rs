@@ -8,9 +8,9 @@ mod common;
 
 use aether::ops::activation::relu_backward;
 use aether::ops::batchnorm::{
-    BatchNormStats, CHUNK_ROWS, batch_norm_backward, batch_norm_inference,
+    BatchNormStats, CHUNK_ROWS, RunningStats, batch_norm_backward, batch_norm_inference,
     batch_norm_relu_backward, batch_norm_relu_inference, batch_norm_relu_train, batch_norm_train,
-    update_running_stats,
+    batch_norm_train_running, update_running_stats,
 };
 use aether::ops::relu;
 use aether::{AetherError, Device, Tensor};
@@ -398,6 +398,47 @@ test_device!(running_stats_match_hand_calculation, |device: &Device| {
     assert!(mean_err <= BOUND, "running mean error {mean_err:e}");
     assert!(var_err <= BOUND, "running var error {var_err:e}");
 });
+
+test_device!(
+    train_with_running_stats_is_bit_identical_to_the_two_calls,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let bits = |t: &Tensor| -> Vec<u32> { values(t).into_iter().map(f32::to_bits).collect() };
+        for (relu, dims) in [(false, &[4usize, 16, 17, 5][..]), (true, &[3, 5, 7, 12])] {
+            let [(x, _), (gamma, _), (beta, _)] = random_inputs(&mut rng, dims, device);
+            let channels = channels_of(dims);
+            let rm = Tensor::from_f32(vec![channels], rng.vec(channels), device).unwrap();
+            let var: Vec<f32> = (0..channels).map(|_| 1.0 + rng.uniform()).collect();
+            let rv = Tensor::from_f32(vec![channels], var, device).unwrap();
+            let running = RunningStats {
+                mean: &rm,
+                var: &rv,
+                momentum: 0.9,
+            };
+            let (y, stats, (mean, var)) =
+                batch_norm_train_running(&x, &gamma, &beta, EPS, relu, running).unwrap();
+            let train = if relu {
+                batch_norm_relu_train
+            } else {
+                batch_norm_train
+            };
+            let (want_y, want_stats) = train(&x, &gamma, &beta, EPS).unwrap();
+            let count = x.numel() / channels;
+            let (want_mean, want_var) =
+                update_running_stats(&rm, &rv, &want_stats, count, 0.9, EPS).unwrap();
+            let ctx = format!("{dims:?}, relu {relu} (seed {})", rng.seed);
+            assert_eq!(bits(&y), bits(&want_y), "y of {ctx}");
+            assert_eq!(
+                bits(&stats.inv_std),
+                bits(&want_stats.inv_std),
+                "inv_std of {ctx}"
+            );
+            assert_eq!(bits(&mean), bits(&want_mean), "running mean of {ctx}");
+            assert_eq!(bits(&var), bits(&want_var), "running var of {ctx}");
+            assert_ne!(bits(&mean), bits(&rm), "the running mean must move ({ctx})");
+        }
+    }
+);
 
 test_device!(
     running_stats_from_a_batch_use_unbiased_variance,

@@ -6,11 +6,20 @@
 //   out_a = mean, out_b = inv_std = 1 / sqrt(M2 / count + eps), where
 //   M2 = sum(m2) + sum(n_chunk * (chunk mean - mean)^2) (Chan et al.);
 // mode 1: the two plain sums (dbeta, dgamma).
+// With `running` (mode 0 only) it also folds the batch statistics into the
+// running ones, exactly as batchnorm_running.wgsl does from the stored inv_std:
+// new = momentum * running + (1 - momentum) * batch, the batch variance
+// recovered as 1 / inv_std^2 - eps and made unbiased. Without it, bindings 4-7
+// are stand-ins and not touched.
 
 @group(0) @binding(0) var<storage, read> partial_a: array<f32>;
 @group(0) @binding(1) var<storage, read> partial_b: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out_a: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out_b: array<f32>;
+@group(0) @binding(4) var<storage, read> running_mean: array<f32>;
+@group(0) @binding(5) var<storage, read> running_var: array<f32>;
+@group(0) @binding(6) var<storage, read_write> new_mean: array<f32>;
+@group(0) @binding(7) var<storage, read_write> new_var: array<f32>;
 
 struct Params {
     channels: u32,
@@ -21,8 +30,11 @@ struct Params {
     mode: u32,
     // Workgroups per grid row: channel = wid.x + wid.y * row_stride.
     row_stride: u32,
+    running: u32,
+    momentum: f32,
+    unbiased_scale: f32,
 }
-@group(0) @binding(4) var<uniform> params: Params;
+@group(0) @binding(8) var<uniform> params: Params;
 
 const LANES: u32 = 256u;
 var<workgroup> lane_sums: array<vec2<f32>, LANES>;
@@ -75,8 +87,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
     let m2 = workgroup_sum(lane, vec2(spread, 0.0)).x;
-    if (lane == 0u && live) {
-        out_a[c] = mean;
-        out_b[c] = 1.0 / sqrt(m2 / count + params.eps);
+    if (lane != 0u || !live) {
+        return;
+    }
+    let inv_std = 1.0 / sqrt(m2 / count + params.eps);
+    out_a[c] = mean;
+    out_b[c] = inv_std;
+    if (params.running != 0u) {
+        let batch_var = max(1.0 / (inv_std * inv_std) - params.eps, 0.0) * params.unbiased_scale;
+        let keep = params.momentum;
+        new_mean[c] = keep * running_mean[c] + (1.0 - keep) * mean;
+        new_var[c] = keep * running_var[c] + (1.0 - keep) * batch_var;
     }
 }

@@ -5,8 +5,8 @@ use super::{Layer, LayerSpec, Mode, Trainable, cached};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::batchnorm::{
-    BatchNormStats, batch_norm_backward, batch_norm_inference, batch_norm_relu_backward,
-    batch_norm_relu_inference, batch_norm_relu_train, batch_norm_train, update_running_stats,
+    BatchNormStats, RunningStats, batch_norm_backward, batch_norm_inference,
+    batch_norm_relu_backward, batch_norm_relu_inference, batch_norm_train_running,
 };
 use crate::tensor::Tensor;
 
@@ -97,21 +97,13 @@ impl Layer for BatchNorm {
             return infer(x, &s.gamma, &s.beta, &s.running_mean, &s.running_var, eps);
         }
         let s = self.state()?;
-        let train = if self.relu {
-            batch_norm_relu_train
-        } else {
-            batch_norm_train
+        let running = RunningStats {
+            mean: &s.running_mean,
+            var: &s.running_var,
+            momentum: self.momentum,
         };
-        let (y, stats) = train(x, &s.gamma, &s.beta, eps)?;
-        let count = x.numel() / x.dims().last().copied().unwrap_or(1);
-        let (mean, var) = update_running_stats(
-            &s.running_mean,
-            &s.running_var,
-            &stats,
-            count,
-            self.momentum,
-            eps,
-        )?;
+        let (y, stats, (mean, var)) =
+            batch_norm_train_running(x, &s.gamma, &s.beta, eps, self.relu, running)?;
         let s = self.state.as_mut().expect("checked above");
         (s.running_mean, s.running_var) = (mean, var);
         self.cache = Some((x.clone(), stats, self.relu.then(|| y.clone())));

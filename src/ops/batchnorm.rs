@@ -69,7 +69,7 @@ pub fn batch_norm_train(
     beta: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, BatchNormStats)> {
-    train(x, gamma, beta, eps, false)
+    train(x, gamma, beta, eps, false, None).map(|(y, stats, _)| (y, stats))
 }
 
 /// [`batch_norm_train`] followed by ReLU (`relu(y)`, NaN passing through), in
@@ -81,8 +81,39 @@ pub fn batch_norm_relu_train(
     beta: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, BatchNormStats)> {
-    train(x, gamma, beta, eps, true)
+    train(x, gamma, beta, eps, true, None).map(|(y, stats, _)| (y, stats))
 }
+
+/// The running statistics a training step folds its batch statistics into,
+/// and how fast (see [`update_running_stats`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RunningStats<'a> {
+    pub mean: &'a Tensor,
+    pub var: &'a Tensor,
+    pub momentum: f32,
+}
+
+/// [`batch_norm_train`] (with `relu`, [`batch_norm_relu_train`]) followed by
+/// [`update_running_stats`] with its batch statistics: returns the new running
+/// mean and variance too. On the GPU the pass that finishes the batch
+/// statistics writes the running ones as well, so they take no dispatch of
+/// their own. Bit-identical to the separate calls.
+pub fn batch_norm_train_running(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+    relu: bool,
+    running: RunningStats<'_>,
+) -> Result<(Tensor, BatchNormStats, (Tensor, Tensor))> {
+    let (y, stats, new) = train(x, gamma, beta, eps, relu, Some(running))?;
+    Ok((y, stats, new.expect("asked for the running statistics")))
+}
+
+/// New running mean and variance.
+type NewRunning = (Tensor, Tensor);
+/// A training forward, with the running statistics updated where `running` is given.
+type Trained = (Tensor, BatchNormStats, Option<NewRunning>);
 
 fn train(
     x: &Tensor,
@@ -90,11 +121,20 @@ fn train(
     beta: &Tensor,
     eps: f32,
     relu: bool,
-) -> Result<(Tensor, BatchNormStats)> {
+    running: Option<RunningStats<'_>>,
+) -> Result<Trained> {
     const OP: &str = "batch_norm_train";
     let layout = Layout::of(OP, x)?;
     require_channel_vectors(OP, layout.channels, &[gamma, beta])?;
     same_device(OP, &[x, gamma, beta])?;
+    let unbiased = match running {
+        Some(r) => {
+            require_channel_vectors(OP, layout.channels, &[r.mean, r.var])?;
+            same_device(OP, &[x, r.mean, r.var])?;
+            Some(unbiased_scale(OP, layout.rows, layout.channels)?)
+        }
+        None => None,
+    };
     if let (Some(xs), Some(g), Some(b)) = (x.host_f32(), gamma.host_f32(), beta.host_f32()) {
         let (y, mean, inv_std) = train_cpu(xs, g, b, layout, eps);
         let device = x.device();
@@ -102,8 +142,11 @@ fn train(
             mean: Tensor::from_f32(vec![layout.channels], mean, &device)?,
             inv_std: Tensor::from_f32(vec![layout.channels], inv_std, &device)?,
         };
+        let new = running
+            .map(|r| update_running_stats(r.mean, r.var, &stats, layout.rows, r.momentum, eps))
+            .transpose()?;
         let y = Tensor::from_f32(x.dims().to_vec(), y, &device)?;
-        return Ok((if relu { relu_op(&y)? } else { y }, stats));
+        return Ok((if relu { relu_op(&y)? } else { y }, stats, new));
     }
     let ctx = gpu_context(x);
     let moments = partial_sums(
@@ -114,9 +157,23 @@ fn train(
         layout,
         false,
     )?;
-    let [mean, inv_std] = finalize(ctx, &moments, layout, Finish::MeanInvStd, eps)?;
+    let running = running.zip(unbiased);
+    let ([mean, inv_std], new) = finalize(ctx, &moments, layout, Finish::MeanInvStd, eps, running)?;
     let y = normalize_gpu(ctx, x, [&mean, &inv_std], [gamma, beta], None, relu)?;
-    Ok((y, BatchNormStats { mean, inv_std }))
+    Ok((y, BatchNormStats { mean, inv_std }, new))
+}
+
+/// `count / (count - 1)`, which makes the batch variance unbiased; a typed
+/// error below 2 values per channel.
+fn unbiased_scale(op: &'static str, count: usize, channels: usize) -> Result<f32> {
+    if count < 2 {
+        return Err(AetherError::InvalidShape {
+            op,
+            shape: vec![count, channels],
+            reason: "the unbiased variance needs at least 2 values per channel".into(),
+        });
+    }
+    Ok((count as f64 / (count as f64 - 1.0)) as f32)
 }
 
 /// The running statistics after one training step, as new tensors, in the
@@ -145,14 +202,7 @@ pub fn update_running_stats(
         OP,
         &[running_mean, running_var, &stats.mean, &stats.inv_std],
     )?;
-    if count < 2 {
-        return Err(AetherError::InvalidShape {
-            op: OP,
-            shape: vec![count, channels],
-            reason: "the unbiased variance needs at least 2 values per channel".into(),
-        });
-    }
-    let unbiased_scale = (count as f64 / (count as f64 - 1.0)) as f32;
+    let unbiased_scale = unbiased_scale(OP, count, channels)?;
     if let (Some(rm), Some(rv), Some(mean), Some(inv_std)) = (
         running_mean.host_f32(),
         running_var.host_f32(),
@@ -350,7 +400,7 @@ fn backward(
         layout,
         relu_output.is_some(),
     )?;
-    let [dbeta, dgamma] = finalize(ctx, &sums, layout, Finish::Sums, 0.0)?;
+    let ([dbeta, dgamma], _) = finalize(ctx, &sums, layout, Finish::Sums, 0.0, None)?;
     let lanes = Lanes::of(layout);
     let pipeline = lanes.pipeline(ctx, "batchnorm_backward_dx", BACKWARD_DX_SHADER)?;
     let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
@@ -675,17 +725,39 @@ fn partial_sums(
 }
 
 /// Records the second reduction pass: per channel (one workgroup each), both
-/// partials summed in a fixed order and finished as `finish` says.
+/// partials summed in a fixed order and finished as `finish` says; with
+/// `running` (and its unbiased-variance scale), the new running statistics too.
 fn finalize(
     ctx: &Arc<GpuContext>,
     [partial_a, partial_b]: &[Tensor; 2],
     layout: Layout,
     finish: Finish,
     eps: f32,
-) -> Result<[Tensor; 2]> {
+    running: Option<(RunningStats<'_>, f32)>,
+) -> Result<([Tensor; 2], Option<NewRunning>)> {
     let pipeline = pipeline(ctx, "batchnorm_finalize", || FINALIZE_SHADER.into())?;
     let out = || Tensor::uninit_gpu(ctx, Shape::new([layout.channels])?, DType::F32);
     let (out_a, out_b) = (out()?, out()?);
+    let new = match running {
+        Some(_) => Some((out()?, out()?)),
+        None => None,
+    };
+    // Without an update, the running bindings are stand-ins the kernel never
+    // touches: read-only ones share the partials, writable ones the outputs.
+    let (running_in, new_out, momentum, unbiased) = match (running, &new) {
+        (Some((r, unbiased)), Some((new_mean, new_var))) => (
+            [buf(r.mean), buf(r.var)],
+            [buf(new_mean), buf(new_var)],
+            r.momentum,
+            unbiased,
+        ),
+        _ => (
+            [buf(partial_a), buf(partial_b)],
+            [buf(&out_a), buf(&out_b)],
+            0.0,
+            0.0,
+        ),
+    };
     // One workgroup per channel: a "grid row" is `row_stride` workgroups.
     let (grid, row_stride) = flat_grid(layout.channels, 1, max_groups(ctx));
     let params = [
@@ -696,15 +768,27 @@ fn finalize(
         eps.to_bits(),
         finish as u32,
         row_stride,
+        u32::from(new.is_some()),
+        momentum.to_bits(),
+        unbiased.to_bits(),
     ];
     ctx.dispatch(
         "batchnorm_finalize",
         &pipeline,
-        &[buf(partial_a), buf(partial_b), buf(&out_a), buf(&out_b)],
+        &[
+            buf(partial_a),
+            buf(partial_b),
+            buf(&out_a),
+            buf(&out_b),
+            running_in[0],
+            running_in[1],
+            new_out[0],
+            new_out[1],
+        ],
         bytemuck::cast_slice(&params),
         grid,
     )?;
-    Ok([out_a, out_b])
+    Ok(([out_a, out_b], new))
 }
 
 /// Records the normalize kernel. `spread` is inv_std, or with `variance_eps` the
