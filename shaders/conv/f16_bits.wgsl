@@ -6,16 +6,6 @@
 const F16_MAX_BITS: u32 = 0x477fe000u; // 65504.0
 
 fn f16_bits(b: u32) -> u32 {
-    // Fast path, the common case: magnitudes that round to a normal f16
-    // (2^-14 up to, not including, 65520, which rounds to inf). Round to
-    // nearest even by adding 0xfff plus the kept mantissa's lowest bit (a
-    // carry moves into the exponent as it should), then rebias the exponent
-    // from 127 to 15 (112 << 10).
-    let magnitude = b & 0x7fffffffu;
-    if (magnitude >= 0x38800000u && magnitude < 0x477ff000u) {
-        let rounded = magnitude + 0x0fffu + ((magnitude >> 13u) & 1u);
-        return ((b >> 16u) & 0x8000u) | ((rounded >> 13u) - 0x1c000u);
-    }
     let sign = (b >> 16u) & 0x8000u;
     let exp = b & 0x7f800000u;
     let man = b & 0x007fffffu;
