@@ -397,6 +397,7 @@ impl Model {
         drop(trainables);
         for layer in &mut self.layers {
             layer.params_updated();
+            layer.end_step();
         }
         self.step += 1;
         Ok((loss, correct))

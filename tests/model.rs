@@ -109,6 +109,41 @@ fn a_training_step_is_one_submission() {
     }
 }
 
+/// Once training has settled, a step meets the same pooled buffers with the same
+/// pipelines every time, so it builds (almost) no bind groups: the pool hands
+/// out the lowest free buffer and layers drop their step's caches at its end.
+/// Handing out the last buffer returned instead built a new bind group for
+/// about half of a v1 step's dispatches, every step, without end.
+#[test]
+fn a_settled_training_step_reuses_its_bind_groups() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let device =
+        Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap();
+    let ctx = device.gpu_context().unwrap().clone();
+    let (x, y) = synthetic_images(8, SIDE, SIDE, 4);
+    let mut model = v1_on(&device, 3);
+    for _ in 0..30 {
+        model.train_batch(&x, &y).unwrap();
+    }
+    let (before, dispatches) = (ctx.bind_groups_created(), ctx.dispatch_count());
+    const STEPS: usize = 5;
+    for _ in 0..STEPS {
+        model.train_batch(&x, &y).unwrap();
+    }
+    ctx.flush();
+    let built = ctx.bind_groups_created() - before;
+    let dispatched = ctx.dispatch_count() - dispatches;
+    report(&format!(
+        "[aether-test] {built} bind groups built for {dispatched} dispatches in {STEPS} settled steps"
+    ));
+    assert!(
+        built * 20 <= dispatched,
+        "{built} bind groups built for {dispatched} dispatches: steps do not reuse their buffers"
+    );
+}
+
 test_device!(save_load_round_trip_across_devices, |device: &Device| {
     let (x, y) = synthetic_images(64, SIDE, SIDE, 9);
     let mut model = v1_on(device, 3);

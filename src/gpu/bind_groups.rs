@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Entries kept before the cache starts over. A v1 training step uses about
 /// 125; the bound keeps a long run with changing shapes from growing without end.
@@ -17,6 +18,7 @@ type Key = (wgpu::ComputePipeline, Vec<wgpu::Buffer>);
 #[derive(Default)]
 pub(crate) struct BindGroupCache {
     entries: Mutex<HashMap<Key, wgpu::BindGroup>>,
+    created: AtomicUsize,
 }
 
 impl BindGroupCache {
@@ -40,8 +42,14 @@ impl BindGroupCache {
             entries.clear();
         }
         let group = create(device, label, pipeline, buffers, None);
+        self.created.fetch_add(1, Ordering::Relaxed);
         entries.insert(key, group.clone());
         group
+    }
+
+    /// Bind groups this cache has built (misses) since the context was created.
+    pub(crate) fn created(&self) -> usize {
+        self.created.load(Ordering::Relaxed)
     }
 }
 

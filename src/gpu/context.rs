@@ -128,6 +128,12 @@ impl GpuContext {
         &self.bind_groups
     }
 
+    /// Cached bind groups built so far: once a training step repeats, this
+    /// stops growing (the same pooled buffers meet the same pipelines).
+    pub fn bind_groups_created(&self) -> usize {
+        self.bind_groups.created()
+    }
+
     pub fn pipelines(&self) -> &PipelineCache {
         &self.pipelines
     }

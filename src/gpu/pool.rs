@@ -1,7 +1,7 @@
 //! A pool of GPU buffers keyed by (size, usage), so a training step allocates
 //! nothing new once the first step has run.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,10 +15,19 @@ fn granule(bytes: u64) -> u64 {
     bytes.max(1).div_ceil(SIZE_GRANULE) * SIZE_GRANULE
 }
 
+/// Free buffers of one (size, usage), handed out lowest first (wgpu orders
+/// buffers by identity). Which buffer a request gets then depends only on which
+/// are free, not on the order they came back in, so a training step that
+/// allocates and frees the same way every time settles on the same buffers and
+/// its bind groups repeat (see bind_groups.rs). Handing out the last one
+/// returned instead permuted the buffers from step to step: two thirds of a v1
+/// step's dispatches built a new bind group every step.
+type FreeList = BTreeSet<wgpu::Buffer>;
+
 /// Free buffers waiting to be reused, and counters that prove reuse.
 #[derive(Default)]
 pub struct BufferPool {
-    free: Arc<Mutex<HashMap<PoolKey, Vec<wgpu::Buffer>>>>,
+    free: Arc<Mutex<HashMap<PoolKey, FreeList>>>,
     created: AtomicUsize,
     reused: AtomicUsize,
     bytes: Arc<ByteCounters>,
@@ -67,7 +76,7 @@ impl BufferPool {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_mut(&key)
-            .and_then(Vec::pop)?;
+            .and_then(FreeList::pop_first)?;
         self.reused.fetch_add(1, Ordering::Relaxed);
         Some(self.lend(buffer, key))
     }
@@ -124,7 +133,7 @@ impl BufferPool {
 pub struct PooledBuffer {
     buffer: Option<wgpu::Buffer>,
     key: PoolKey,
-    home: Arc<Mutex<HashMap<PoolKey, Vec<wgpu::Buffer>>>>,
+    home: Arc<Mutex<HashMap<PoolKey, FreeList>>>,
     bytes: Arc<ByteCounters>,
 }
 
@@ -144,7 +153,7 @@ impl Drop for PooledBuffer {
         if let Some(buffer) = self.buffer.take() {
             self.bytes.live.fetch_sub(self.key.0, Ordering::Relaxed);
             let mut free = self.home.lock().unwrap_or_else(|e| e.into_inner());
-            free.entry(self.key).or_default().push(buffer);
+            free.entry(self.key).or_default().insert(buffer);
         }
     }
 }

@@ -29,6 +29,10 @@ impl Layer for ReLU {
         relu(x)
     }
 
+    fn end_step(&mut self) {
+        self.input = None;
+    }
+
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         if !need_dx {
             return Ok(None);
@@ -64,6 +68,10 @@ impl Layer for LeakyReLU {
         leaky_relu(x, self.alpha)
     }
 
+    fn end_step(&mut self) {
+        self.input = None;
+    }
+
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         if !need_dx {
             return Ok(None);
@@ -93,6 +101,10 @@ impl Layer for Softmax {
             self.output = Some(y.clone());
         }
         Ok(y)
+    }
+
+    fn end_step(&mut self) {
+        self.output = None;
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {

@@ -248,6 +248,10 @@ impl Layer for Conv2d {
         }
     }
 
+    fn end_step(&mut self) {
+        (self.input, self.grads) = (None, None);
+    }
+
     fn conv_plans(&self) -> Option<&ConvPlans> {
         Some(&self.plans)
     }
@@ -344,5 +348,9 @@ impl Layer for Dense {
 
     fn params_updated(&mut self) {
         self.conv.params_updated();
+    }
+
+    fn end_step(&mut self) {
+        self.conv.end_step();
     }
 }

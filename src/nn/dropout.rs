@@ -50,6 +50,10 @@ macro_rules! dropout_layer {
                 Ok(y)
             }
 
+            fn end_step(&mut self) {
+                self.mask = None;
+            }
+
             fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
                 if !need_dx {
                     return Ok(None);

@@ -209,6 +209,13 @@ pub trait Layer: Send {
     /// Called after the optimizer replaced the parameters (refreshes f16 shadows).
     fn params_updated(&mut self) {}
 
+    /// Called at the end of a training step: drops what the forward kept for
+    /// the backward and the step's gradients. The next step then starts from
+    /// the layer's lasting state alone, so it is handed the same pooled
+    /// buffers every time and its bind groups repeat (src/gpu/pool.rs), and a
+    /// finished step holds no GPU memory.
+    fn end_step(&mut self) {}
+
     /// The conv launch plans of a layer that runs on the conv kernels, so a
     /// profile can say which variant each direction used.
     fn conv_plans(&self) -> Option<&ConvPlans> {

@@ -110,6 +110,10 @@ impl Layer for BatchNorm {
         Ok(y)
     }
 
+    fn end_step(&mut self) {
+        (self.cache, self.grads) = (None, None);
+    }
+
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         let Some((x, stats, relu_y)) = self.cache.as_ref() else {
             return cached(&None, "BatchNorm::backward").map(|_| None);

@@ -77,6 +77,10 @@ impl Layer for MaxPool2d {
         Ok(y)
     }
 
+    fn end_step(&mut self) {
+        self.argmax = None;
+    }
+
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         if !need_dx {
             return Ok(None);
