@@ -287,15 +287,23 @@ impl Model {
     fn batch_tensor(&self, x: &[f32], indices: &[usize]) -> Result<Tensor> {
         let shape = self.input_shape()?;
         let per: usize = shape.iter().product();
+        let dims = crate::nn::batched_dims(indices.len(), shape);
+        // Consecutive samples (a whole batch, as `train_batch` passes) are one
+        // slice of `x`: uploaded from there, without gathering a copy first.
+        if let [first, ..] = indices
+            && indices.iter().enumerate().all(|(k, &i)| i == first + k)
+        {
+            return Tensor::from_f32_slice(
+                dims,
+                &x[first * per..(first + indices.len()) * per],
+                &self.device,
+            );
+        }
         let mut data = Vec::with_capacity(indices.len() * per);
         for &i in indices {
             data.extend_from_slice(&x[i * per..(i + 1) * per]);
         }
-        Tensor::from_f32(
-            crate::nn::batched_dims(indices.len(), shape),
-            data,
-            &self.device,
-        )
+        Tensor::from_f32(dims, data, &self.device)
     }
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {

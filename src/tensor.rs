@@ -136,6 +136,25 @@ impl Tensor {
         }
     }
 
+    /// An f32 tensor copied from a host slice, placed on `device`: on a GPU the
+    /// slice is uploaded as it is, with no intermediate `Vec`.
+    pub fn from_f32_slice(
+        dims: impl Into<Vec<usize>>,
+        data: &[f32],
+        device: &Device,
+    ) -> Result<Self> {
+        let shape = Shape::new(dims)?;
+        check_len(&shape, data.len())?;
+        match device {
+            Device::Cpu => Ok(Self {
+                shape,
+                dtype: DType::F32,
+                storage: Storage::HostF32(Arc::new(data.to_vec())),
+            }),
+            Device::Gpu(ctx) => Self::upload(ctx, shape, DType::F32, bytemuck::cast_slice(data)),
+        }
+    }
+
     /// An f16 tensor from host data, placed on `device`.
     pub fn from_f16(dims: impl Into<Vec<usize>>, data: Vec<f16>, device: &Device) -> Result<Self> {
         let shape = Shape::new(dims)?;
