@@ -10,9 +10,9 @@
 //!   waits for when it reads the loss every step); and pipelined: `--repeats`
 //!   steps back to back, one wait at the end, divided by the count, with the
 //!   host's time inside that loop (when it nears the step, the GPU waits on the
-//!   host); and the time to upload the batch and record a synchronised step; and the
-//!   first step alone (pipeline compilation, or loading from the persistent
-//!   pipeline cache of `AETHER_CACHE_DIR`).
+//!   host); the time to upload the batch and record a synchronised step; and
+//!   the first step alone (pipeline compilation, or loading from the
+//!   persistent pipeline cache of `AETHER_CACHE_DIR`).
 //! - Per conv layer: forward and backward GPU time (timestamp queries around
 //!   every dispatch of the layer, medians over the repeats), TFLOP/s of the
 //!   GEMMs, and the kernel variant the planner chose.

@@ -124,15 +124,17 @@ fn check_len(shape: &Shape, len: usize) -> Result<()> {
 impl Tensor {
     /// An f32 tensor from host data, placed on `device`.
     pub fn from_f32(dims: impl Into<Vec<usize>>, data: Vec<f32>, device: &Device) -> Result<Self> {
-        let shape = Shape::new(dims)?;
-        check_len(&shape, data.len())?;
         match device {
-            Device::Cpu => Ok(Self {
-                shape,
-                dtype: DType::F32,
-                storage: Storage::HostF32(Arc::new(data)),
-            }),
-            Device::Gpu(ctx) => Self::upload(ctx, shape, DType::F32, bytemuck::cast_slice(&data)),
+            Device::Cpu => {
+                let shape = Shape::new(dims)?;
+                check_len(&shape, data.len())?;
+                Ok(Self {
+                    shape,
+                    dtype: DType::F32,
+                    storage: Storage::HostF32(Arc::new(data)),
+                })
+            }
+            Device::Gpu(_) => Self::from_f32_slice(dims, &data, device),
         }
     }
 
@@ -143,15 +145,13 @@ impl Tensor {
         data: &[f32],
         device: &Device,
     ) -> Result<Self> {
-        let shape = Shape::new(dims)?;
-        check_len(&shape, data.len())?;
         match device {
-            Device::Cpu => Ok(Self {
-                shape,
-                dtype: DType::F32,
-                storage: Storage::HostF32(Arc::new(data.to_vec())),
-            }),
-            Device::Gpu(ctx) => Self::upload(ctx, shape, DType::F32, bytemuck::cast_slice(data)),
+            Device::Cpu => Self::from_f32(dims, data.to_vec(), device),
+            Device::Gpu(ctx) => {
+                let shape = Shape::new(dims)?;
+                check_len(&shape, data.len())?;
+                Self::upload(ctx, shape, DType::F32, bytemuck::cast_slice(data))
+            }
         }
     }
 

@@ -1,12 +1,15 @@
 //! The Model: training the v1 CIFAR-10 model end to end on both devices,
 //! GPU/CPU parity of predictions, save/load round trips and every bad-file
-//! case, configuration errors, divergence, and one submission per step.
+//! case, configuration errors, divergence, one submission per step, and bind
+//! groups reused once training settles.
 
 mod common;
 
+use std::sync::Arc;
+
 use aether::conv::Padding;
 use aether::data::synthetic_images;
-use aether::gpu::DevicePreference;
+use aether::gpu::{DevicePreference, GpuContext};
 use aether::nn::{Dense, Flatten, ReLU, Softmax};
 use aether::optim::Adam;
 use aether::{AetherError, Device, Loss, Metric, Model, TrainOptions};
@@ -81,16 +84,22 @@ fn gpu_predictions_match_cpu_for_the_same_seed() {
     assert!(err <= 5e-3, "logits differ by {err:e}");
 }
 
-#[test]
-fn a_training_step_is_one_submission() {
-    if common::gpu().is_none() {
-        return;
-    }
+/// The v1 model on a GPU device of its own (so no other test's work shows in
+/// its counters), with that device's context; None without a GPU.
+fn v1_on_own_gpu(seed: u64) -> Option<(Arc<GpuContext>, Model)> {
+    common::gpu()?;
     let device =
         Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap();
     let ctx = device.gpu_context().unwrap().clone();
+    Some((ctx, v1_on(&device, seed)))
+}
+
+#[test]
+fn a_training_step_is_one_submission() {
+    let Some((ctx, mut model)) = v1_on_own_gpu(2) else {
+        return;
+    };
     let (x, y) = synthetic_images(8, SIDE, SIDE, 4);
-    let mut model = v1_on(&device, 2);
     for step in 0..3 {
         let before = ctx.submission_count();
         let dispatches = ctx.dispatch_count();
@@ -116,14 +125,10 @@ fn a_training_step_is_one_submission() {
 /// about half of a v1 step's dispatches, every step, without end.
 #[test]
 fn a_settled_training_step_reuses_its_bind_groups() {
-    if common::gpu().is_none() {
+    let Some((ctx, mut model)) = v1_on_own_gpu(3) else {
         return;
-    }
-    let device =
-        Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap();
-    let ctx = device.gpu_context().unwrap().clone();
+    };
     let (x, y) = synthetic_images(8, SIDE, SIDE, 4);
-    let mut model = v1_on(&device, 3);
     for _ in 0..30 {
         model.train_batch(&x, &y).unwrap();
     }

@@ -20,8 +20,8 @@ fn granule(bytes: u64) -> u64 {
 /// are free, not on the order they came back in, so a training step that
 /// allocates and frees the same way every time settles on the same buffers and
 /// its bind groups repeat (see bind_groups.rs). Handing out the last one
-/// returned instead permuted the buffers from step to step: two thirds of a v1
-/// step's dispatches built a new bind group every step.
+/// returned instead permuted the buffers from step to step: about half of a
+/// v1 step's dispatches built a new bind group every step.
 type FreeList = BTreeSet<wgpu::Buffer>;
 
 /// Free buffers waiting to be reused, and counters that prove reuse.
