@@ -13,19 +13,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let at = nhwc_position(i, params.h, params.w);
-    let n = at.x;
-    let ih = at.y;
-    let iw = at.z;
-    let ch = at.w;
-    let rows = covering_span(ih, params.stride_h, params.pad_top, params.filter_h, params.h_out);
-    let cols = covering_span(iw, params.stride_w, params.pad_left, params.filter_w, params.w_out);
+    let rows = covering_span(at.row, params.stride_h, params.pad_top, params.filter_h, params.h_out);
+    let cols = covering_span(at.col, params.stride_w, params.pad_left, params.filter_w, params.w_out);
     var sum = 0.0;
     for (var oh = rows.x; oh < rows.y; oh++) {
         let window_rows = window_span(oh, params.stride_h, params.pad_top, params.filter_h, params.h);
         for (var ow = cols.x; ow < cols.y; ow++) {
             let window_cols = window_span(ow, params.stride_w, params.pad_left, params.filter_w, params.w);
             let count = (window_rows.y - window_rows.x) * (window_cols.y - window_cols.x);
-            sum += dy[output_index(n, oh, ow, ch)] / f32(count);
+            sum += dy[output_index(at.n, oh, ow, at.ch)] / f32(count);
         }
     }
     dx[i] = sum;

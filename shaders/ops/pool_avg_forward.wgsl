@@ -13,16 +13,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let at = nhwc_position(o, params.h_out, params.w_out);
-    let n = at.x;
-    let oh = at.y;
-    let ow = at.z;
-    let ch = at.w;
-    let rows = window_span(oh, params.stride_h, params.pad_top, params.filter_h, params.h);
-    let cols = window_span(ow, params.stride_w, params.pad_left, params.filter_w, params.w);
+    let rows = window_span(at.row, params.stride_h, params.pad_top, params.filter_h, params.h);
+    let cols = window_span(at.col, params.stride_w, params.pad_left, params.filter_w, params.w);
     var sum = 0.0;
     for (var r = rows.x; r < rows.y; r++) {
         for (var s = cols.x; s < cols.y; s++) {
-            sum += x[input_index(n, r, s, ch)];
+            sum += x[input_index(at.n, r, s, at.ch)];
         }
     }
     y[o] = sum / f32((rows.y - rows.x) * (cols.y - cols.x));

@@ -38,12 +38,20 @@ fn covering_span(i: u32, stride: u32, pad: u32, window_size: u32, size_out: u32)
     return vec2<u32>(min(lo, hi), hi);
 }
 
-// (n, row, column, channel) of flat NHWC index `i` in a tensor `rows x cols`.
-fn nhwc_position(i: u32, rows: u32, cols: u32) -> vec4<u32> {
+// Where a flat NHWC index lies: image, row, column and channel.
+struct NhwcPosition {
+    n: u32,
+    row: u32,
+    col: u32,
+    ch: u32,
+}
+
+// The position of flat NHWC index `i` in a tensor `rows x cols`.
+fn nhwc_position(i: u32, rows: u32, cols: u32) -> NhwcPosition {
     let ch = i % params.c;
     let col = (i / params.c) % cols;
     let row = (i / (params.c * cols)) % rows;
-    return vec4<u32>(i / (params.c * cols * rows), row, col, ch);
+    return NhwcPosition(i / (params.c * cols * rows), row, col, ch);
 }
 
 fn input_index(n: u32, r: u32, s: u32, ch: u32) -> u32 {

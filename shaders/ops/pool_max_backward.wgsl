@@ -14,16 +14,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let at = nhwc_position(i, params.h, params.w);
-    let n = at.x;
-    let ih = at.y;
-    let iw = at.z;
-    let ch = at.w;
-    let rows = covering_span(ih, params.stride_h, params.pad_top, params.filter_h, params.h_out);
-    let cols = covering_span(iw, params.stride_w, params.pad_left, params.filter_w, params.w_out);
+    let rows = covering_span(at.row, params.stride_h, params.pad_top, params.filter_h, params.h_out);
+    let cols = covering_span(at.col, params.stride_w, params.pad_left, params.filter_w, params.w_out);
     var sum = 0.0;
     for (var oh = rows.x; oh < rows.y; oh++) {
         for (var ow = cols.x; ow < cols.y; ow++) {
-            let o = output_index(n, oh, ow, ch);
+            let o = output_index(at.n, oh, ow, at.ch);
             if (argmax[o] == i) {
                 sum += dy[o];
             }

@@ -18,16 +18,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let at = nhwc_position(o, params.h_out, params.w_out);
-    let n = at.x;
-    let oh = at.y;
-    let ow = at.z;
-    let ch = at.w;
     let g = dy[o];
     let grad = select(g, 0.0, bitcast<u32>(g) == 0x80000000u);
     let winner = argmax[o];
     for (var r = 0u; r < params.filter_h; r++) {
         for (var s = 0u; s < params.filter_w; s++) {
-            let i = input_index(n, oh * params.stride_h + r, ow * params.stride_w + s, ch);
+            let i = input_index(at.n, at.row * params.stride_h + r, at.col * params.stride_w + s, at.ch);
             dx[i] = select(0.0, grad, i == winner);
         }
     }

@@ -21,17 +21,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let at = nhwc_position(o, params.h_out, params.w_out);
-    let n = at.x;
-    let oh = at.y;
-    let ow = at.z;
-    let ch = at.w;
-    let rows = window_span(oh, params.stride_h, params.pad_top, params.filter_h, params.h);
-    let cols = window_span(ow, params.stride_w, params.pad_left, params.filter_w, params.w);
-    var best_index = input_index(n, rows.x, cols.x, ch);
+    let rows = window_span(at.row, params.stride_h, params.pad_top, params.filter_h, params.h);
+    let cols = window_span(at.col, params.stride_w, params.pad_left, params.filter_w, params.w);
+    var best_index = input_index(at.n, rows.x, cols.x, at.ch);
     var best_bits = x[best_index];
     for (var r = rows.x; r < rows.y; r++) {
         for (var s = cols.x; s < cols.y; s++) {
-            let i = input_index(n, r, s, ch);
+            let i = input_index(at.n, r, s, at.ch);
             let bits = x[i];
             let candidate_nan = is_nan_bits(bits);
             let best_nan = is_nan_bits(best_bits);
