@@ -18,15 +18,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (group >= params.groups) {
         return;
     }
-    let channel = (group % params.channel_tiles) * TILE_CHANNELS + lid.x;
-    let chunk = group / params.channel_tiles;
+    let lane = chunk_lane(group, lid);
     var sums = vec2(0.0, 0.0);
-    if (channel < params.channels) {
-        let m = mean[channel];
-        let s = inv_std[channel];
-        let end = min((chunk + 1u) * params.chunk_rows, params.rows);
-        for (var row = chunk * params.chunk_rows + lid.y; row < end; row += ROW_LANES) {
-            let i = row * params.channels + channel;
+    if (lane.live) {
+        let m = mean[lane.channel];
+        let s = inv_std[lane.channel];
+        for (var row = lane.begin + lid.y; row < lane.end; row += ROW_LANES) {
+            let i = row * params.channels + lane.channel;
             var g = dy[i];
             if (params.relu_gate != 0u && !is_positive(relu_y[i])) {
                 g = 0.0;
@@ -35,8 +33,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
         }
     }
     let total = reduce_lanes(lid, sums);
-    if (lid.y == 0u && channel < params.channels) {
-        partial_dy[chunk * params.channels + channel] = total.x;
-        partial_dy_xhat[chunk * params.channels + channel] = total.y;
+    if (lid.y == 0u && lane.live) {
+        partial_dy[lane.slot] = total.x;
+        partial_dy_xhat[lane.slot] = total.y;
     }
 }

@@ -15,30 +15,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (group >= params.groups) {
         return;
     }
-    let channel = (group % params.channel_tiles) * TILE_CHANNELS + lid.x;
-    let chunk = group / params.channel_tiles;
-    let begin = chunk * params.chunk_rows;
-    let end = min(begin + params.chunk_rows, params.rows);
+    let lane = chunk_lane(group, lid);
     var sum = 0.0;
-    if (channel < params.channels) {
-        for (var row = begin + lid.y; row < end; row += ROW_LANES) {
-            sum += x[row * params.channels + channel];
+    if (lane.live) {
+        for (var row = lane.begin + lid.y; row < lane.end; row += ROW_LANES) {
+            sum += x[row * params.channels + lane.channel];
         }
     }
     let total = reduce_lanes(lid, vec2(sum, 0.0)).x;
     // Every lane has read its total before the second reduction reuses `lanes`.
     workgroupBarrier();
-    let chunk_mean = total / f32(end - begin);
+    let chunk_mean = total / f32(lane.end - lane.begin);
     var m2 = 0.0;
-    if (channel < params.channels) {
-        for (var row = begin + lid.y; row < end; row += ROW_LANES) {
-            let d = x[row * params.channels + channel] - chunk_mean;
+    if (lane.live) {
+        for (var row = lane.begin + lid.y; row < lane.end; row += ROW_LANES) {
+            let d = x[row * params.channels + lane.channel] - chunk_mean;
             m2 += d * d;
         }
     }
     let total_m2 = reduce_lanes(lid, vec2(m2, 0.0)).x;
-    if (lid.y == 0u && channel < params.channels) {
-        partial_sum[chunk * params.channels + channel] = total;
-        partial_m2[chunk * params.channels + channel] = total_m2;
+    if (lid.y == 0u && lane.live) {
+        partial_sum[lane.slot] = total;
+        partial_m2[lane.slot] = total_m2;
     }
 }

@@ -26,6 +26,26 @@ fn group_index(wid: vec3<u32>) -> u32 {
     return wid.x + wid.y * params.group_stride;
 }
 
+// What one invocation of a partial-sum kernel covers: its channel, the rows
+// [begin, end) of its chunk, and the slot of the chunk's partial in
+// `partials[chunk, channel]`. `live` is false for lanes past the last channel.
+struct ChunkLane {
+    channel: u32,
+    begin: u32,
+    end: u32,
+    slot: u32,
+    live: bool,
+}
+
+fn chunk_lane(group: u32, lid: vec3<u32>) -> ChunkLane {
+    let channel = (group % params.channel_tiles) * TILE_CHANNELS + lid.x;
+    let chunk = group / params.channel_tiles;
+    let begin = chunk * params.chunk_rows;
+    let end = min(begin + params.chunk_rows, params.rows);
+    let live = channel < params.channels;
+    return ChunkLane(channel, begin, end, chunk * params.channels + channel, live);
+}
+
 // Sums `value` over the row lanes; the total is valid in row lane 0. Call from
 // uniform control flow: every invocation of the workgroup must reach it.
 fn reduce_lanes(lid: vec3<u32>, value: vec2<f32>) -> vec2<f32> {
