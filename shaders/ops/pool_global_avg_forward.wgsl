@@ -1,4 +1,4 @@
-// Global average pool: each workgroup takes PAIRS_PER_GROUP (n, c) pairs with
+// Global average pool: each workgroup takes PLANES_PER_GROUP (n, c) pairs with
 // PLANE_LANES lanes each. Lane t of a pair sums elements t, t + PLANE_LANES, ...
 // of its H*W plane in order, then a fixed tree (strides PLANE_LANES / 2 .. 1)
 // adds the lanes, so the result is the same bits on every run. The CPU path
@@ -18,7 +18,7 @@ struct Params {
 @group(0) @binding(2) var<uniform> params: Params;
 
 const PLANE_LANES: u32 = 16u;
-const PAIRS_PER_GROUP: u32 = 16u;
+const PLANES_PER_GROUP: u32 = 16u;
 var<workgroup> partial: array<f32, 256>;
 
 @compute @workgroup_size(256)
@@ -27,7 +27,7 @@ fn main(
     @builtin(local_invocation_index) index: u32,
 ) {
     let lane = index % PLANE_LANES;
-    let pair = (wg.x + wg.y * params.row_stride) * PAIRS_PER_GROUP + index / PLANE_LANES;
+    let pair = (wg.x + wg.y * params.row_stride) * PLANES_PER_GROUP + index / PLANE_LANES;
     var sum = 0.0;
     if (pair < params.pairs) {
         let base = (pair / params.c) * params.hw * params.c + pair % params.c;

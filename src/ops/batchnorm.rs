@@ -127,14 +127,14 @@ fn train(
     let layout = Layout::of(OP, x)?;
     require_channel_vectors(OP, layout.channels, &[gamma, beta])?;
     same_device(OP, &[x, gamma, beta])?;
-    let unbiased = match running {
-        Some(r) => {
+    // The running statistics, checked, with their unbiased-variance scale.
+    let running = running
+        .map(|r| {
             require_channel_vectors(OP, layout.channels, &[r.mean, r.var])?;
             same_device(OP, &[x, r.mean, r.var])?;
-            Some(unbiased_scale(OP, layout.rows, layout.channels)?)
-        }
-        None => None,
-    };
+            Ok((r, unbiased_scale(OP, layout.rows, layout.channels)?))
+        })
+        .transpose()?;
     if let (Some(xs), Some(g), Some(b)) = (x.host_f32(), gamma.host_f32(), beta.host_f32()) {
         let (y, mean, inv_std) = train_cpu(xs, g, b, layout, eps);
         let device = x.device();
@@ -143,7 +143,7 @@ fn train(
             inv_std: Tensor::from_f32(vec![layout.channels], inv_std, &device)?,
         };
         let new = running
-            .map(|r| update_running_stats(r.mean, r.var, &stats, layout.rows, r.momentum, eps))
+            .map(|(r, _)| update_running_stats(r.mean, r.var, &stats, layout.rows, r.momentum, eps))
             .transpose()?;
         let y = Tensor::from_f32(x.dims().to_vec(), y, &device)?;
         return Ok((if relu { relu_op(&y)? } else { y }, stats, new));
@@ -157,7 +157,6 @@ fn train(
         layout,
         false,
     )?;
-    let running = running.zip(unbiased);
     let ([mean, inv_std], new) = finalize(ctx, &moments, layout, Finish::MeanInvStd, eps, running)?;
     let y = normalize_gpu(ctx, x, [&mean, &inv_std], [gamma, beta], None, relu)?;
     Ok((y, BatchNormStats { mean, inv_std }, new))

@@ -586,7 +586,7 @@ fn global_dims(op: &'static str, dims: &[usize]) -> Result<[usize; 4]> {
 /// Lanes that sum one (n, c) plane in the global average pool
 /// (`PLANE_LANES` in pool_global_avg_forward.wgsl).
 const PLANE_LANES: usize = 16;
-/// Planes per workgroup of that kernel (`PAIRS_PER_GROUP`).
+/// Planes per workgroup of that kernel (`PLANES_PER_GROUP`).
 const PLANES_PER_GROUP: usize = WORKGROUP as usize / PLANE_LANES;
 
 /// Sum of one (n, c) plane in the GPU kernel's order: lane `t` adds elements
