@@ -16,6 +16,10 @@ const F16_BITS: &str = include_str!("../../shaders/conv/f16_bits.wgsl");
 const BACKWARD_CAST: &str = include_str!("../../shaders/conv/backward_cast.wgsl");
 const CAST: &str = include_str!("../../shaders/conv/cast.wgsl");
 const WORKGROUP: u32 = 256;
+/// Elements per invocation: two 16-byte loads of f32, one 16-byte store of f16.
+/// Pooled buffers come in 256-byte granules, so the last group's vector loads
+/// and store stay inside the buffers; elements past the tensor are written as 0.
+const GROUP: usize = 8;
 
 /// `xp.clip(x, -65504, 65504)`: NaN stays NaN, infinities clamp.
 pub fn clip_f16_range(x: f32) -> f32 {
@@ -51,7 +55,7 @@ pub fn cast_f16(x: &Tensor, clip: bool) -> Result<Tensor> {
         .pipelines()
         .require(&key, "main", || [F16_BITS, CAST].concat().into())?;
     let out = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F16)?;
-    let (grid, row_stride) = word_grid(ctx, x.numel());
+    let (grid, row_stride) = group_grid(ctx, x.numel().div_ceil(GROUP));
     let params = [x.numel() as u32, row_stride];
     ctx.dispatch(
         "cast_f16",
@@ -87,12 +91,8 @@ pub fn conv_backward_cast_fp16(dvalues: &Tensor, inputs: &Tensor) -> Result<(Ten
     };
     let dvalues_f16 = Tensor::uninit_gpu(ctx, dvalues.shape().clone(), DType::F16)?;
     let inputs_f16 = Tensor::uninit_gpu(ctx, inputs.shape().clone(), DType::F16)?;
-    let words = dvalues.numel().div_ceil(2) + inputs.numel().div_ceil(2);
-    let (grid, row_stride) = flat_grid(
-        words,
-        WORKGROUP,
-        ctx.caps().limits.max_compute_workgroups_per_dimension,
-    );
+    let groups = dvalues.numel().div_ceil(GROUP) + inputs.numel().div_ceil(GROUP);
+    let (grid, row_stride) = group_grid(ctx, groups);
     let params = [dvalues.numel() as u32, inputs.numel() as u32, row_stride];
     ctx.dispatch(
         "conv_backward_cast_fp16",
@@ -109,10 +109,10 @@ pub fn conv_backward_cast_fp16(dvalues: &Tensor, inputs: &Tensor) -> Result<(Ten
     Ok((dvalues_f16, inputs_f16))
 }
 
-/// A grid with one invocation per output word (two elements).
-fn word_grid(ctx: &GpuContext, len: usize) -> ([u32; 3], u32) {
+/// A grid with one invocation per `groups` group of [`GROUP`] elements.
+fn group_grid(ctx: &GpuContext, groups: usize) -> ([u32; 3], u32) {
     flat_grid(
-        len.div_ceil(2),
+        groups,
         WORKGROUP,
         ctx.caps().limits.max_compute_workgroups_per_dimension,
     )
