@@ -404,7 +404,6 @@ impl Model {
         drop(params);
         drop(trainables);
         for layer in &mut self.layers {
-            layer.params_updated();
             layer.end_step();
         }
         self.step += 1;
