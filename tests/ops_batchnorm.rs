@@ -20,15 +20,18 @@ const EPS: f32 = 1e-3;
 const BOUND: f64 = 1e-5;
 /// Images, a channel count that is a multiple of nothing, dense data, a batch
 /// whose 1088 values per channel span several partial-sum chunks (the last one
-/// partly filled), and channel counts that divide by 4 (the elementwise kernels
-/// then move 4 values per invocation), one of them spanning chunks too.
-const SHAPES: [&[usize]; 6] = [
+/// partly filled), and channel counts that divide by 4 (the kernels then move 4
+/// channels per invocation), one of them spanning chunks too, and one (40 = 10
+/// lanes of 4) spanning two channel tiles of the partial sums, the second
+/// partly filled.
+const SHAPES: [&[usize]; 7] = [
     &[5, 3, 7, 6],
     &[1, 2, 3, 33],
     &[7, 13],
     &[4, 16, 17, 5],
     &[3, 5, 7, 12],
     &[2, 19, 17, 8],
+    &[3, 9, 11, 40],
 ];
 
 fn channels_of(dims: &[usize]) -> usize {

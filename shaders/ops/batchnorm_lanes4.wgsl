@@ -1,9 +1,10 @@
-// Four values per invocation of the elementwise batch-norm kernels (normalize,
-// backward dx), where the channel count divides by 4: one 16-byte load per
-// tensor and one channel index (an integer division) per 4 values, 4
-// consecutive channels of one row, so per-channel vectors are read as vec4 too.
-// The kernels are written once against `Lanes`; batchnorm_lanes1.wgsl is the
-// one-value version. ReLU's decisions stay per value, on the bits.
+// Four values per invocation of the batch-norm kernels (normalize, backward dx
+// and the two partial-sum kernels), where the channel count divides by 4: one
+// 16-byte load per tensor and one channel index (an integer division) per 4
+// values, 4 consecutive channels of one row, so per-channel vectors are read
+// as vec4 too. The kernels are written once against `Lanes`;
+// batchnorm_lanes1.wgsl is the one-value version. ReLU's decisions stay per
+// value, on the bits.
 
 alias Lanes = vec4<f32>;
 alias LaneBits = vec4<u32>;

@@ -1,11 +1,14 @@
-// Batch norm: shared part of the partial-sum kernels. One workgroup covers
-// TILE_CHANNELS channels (local x) of one chunk of `chunk_rows` rows; its ROW_LANES
-// row lanes (local y) each sum rows lane, lane + ROW_LANES, ... in order, then a
-// fixed tree over the lanes gives the chunk's per-channel partial. The same input
-// therefore always gives the same bits (no atomics, no scheduling dependence).
+// Batch norm: shared part of the partial-sum kernels, written against `Lanes`
+// (batchnorm_lanes*.wgsl): each invocation sums a `Lanes` of consecutive
+// channels, and `channels` counts lanes. One workgroup covers TILE_LANES lanes
+// (local x) of one chunk of `chunk_rows` rows; its ROW_LANES row lanes (local y)
+// each sum rows lane, lane + ROW_LANES, ... in order, then a fixed tree over the
+// row lanes gives the chunk's per-channel partial. A channel's sums therefore
+// do not depend on the lane width, and the same input always gives the same
+// bits (no atomics, no scheduling dependence).
 
-const TILE_CHANNELS: u32 = 16u;
-const ROW_LANES: u32 = 16u;
+const TILE_LANES: u32 = 8u;
+const ROW_LANES: u32 = 32u;
 
 struct ReduceParams {
     channels: u32,
@@ -18,16 +21,21 @@ struct ReduceParams {
     relu_gate: u32,
 }
 
-// Two sums per lane: the backward pass needs sum(dy) and sum(dy * xhat) at once.
-var<workgroup> lanes: array<vec2<f32>, 256>;
+// Two sums per invocation: the backward pass needs sum(dy) and sum(dy * xhat) at once.
+struct SumPair {
+    a: Lanes,
+    b: Lanes,
+}
+
+var<workgroup> lanes: array<SumPair, 256>;
 
 // The workgroup's flat index in the folded grid (uniform across the workgroup).
 fn group_index(wid: vec3<u32>) -> u32 {
     return wid.x + wid.y * params.group_stride;
 }
 
-// What one invocation of a partial-sum kernel covers: its channel, the rows
-// [begin, end) of its chunk, and the slot of the chunk's partial in
+// What one invocation of a partial-sum kernel covers: its channel lane, the
+// rows [begin, end) of its chunk, and the slot of the chunk's partial in
 // `partials[chunk, channel]`. `live` is false for lanes past the last channel.
 struct ChunkLane {
     channel: u32,
@@ -38,7 +46,7 @@ struct ChunkLane {
 }
 
 fn chunk_lane(group: u32, lid: vec3<u32>) -> ChunkLane {
-    let channel = (group % params.channel_tiles) * TILE_CHANNELS + lid.x;
+    let channel = (group % params.channel_tiles) * TILE_LANES + lid.x;
     let chunk = group / params.channel_tiles;
     let begin = chunk * params.chunk_rows;
     let end = min(begin + params.chunk_rows, params.rows);
@@ -48,13 +56,14 @@ fn chunk_lane(group: u32, lid: vec3<u32>) -> ChunkLane {
 
 // Sums `value` over the row lanes; the total is valid in row lane 0. Call from
 // uniform control flow: every invocation of the workgroup must reach it.
-fn reduce_lanes(lid: vec3<u32>, value: vec2<f32>) -> vec2<f32> {
-    let slot = lid.y * TILE_CHANNELS + lid.x;
+fn reduce_lanes(lid: vec3<u32>, value: SumPair) -> SumPair {
+    let slot = lid.y * TILE_LANES + lid.x;
     lanes[slot] = value;
     workgroupBarrier();
     for (var stride = ROW_LANES / 2u; stride > 0u; stride /= 2u) {
         if (lid.y < stride) {
-            lanes[slot] += lanes[slot + stride * TILE_CHANNELS];
+            let other = lanes[slot + stride * TILE_LANES];
+            lanes[slot] = SumPair(lanes[slot].a + other.a, lanes[slot].b + other.b);
         }
         workgroupBarrier();
     }

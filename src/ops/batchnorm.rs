@@ -30,10 +30,7 @@ use crate::ops::activation::relu_backward;
 use crate::ops::relu as relu_op;
 use crate::tensor::{DType, Shape, Tensor};
 
-const REDUCE_PRELUDE: &str = concat!(
-    include_str!("../../shaders/ops/relu_bits.wgsl"),
-    include_str!("../../shaders/ops/batchnorm_reduce.wgsl")
-);
+const REDUCE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_reduce.wgsl");
 const MOMENTS_SHADER: &str = include_str!("../../shaders/ops/batchnorm_moments.wgsl");
 const BACKWARD_SUMS_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_sums.wgsl");
 const FINALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_finalize.wgsl");
@@ -45,8 +42,8 @@ const RUNNING_SHADER: &str = include_str!("../../shaders/ops/batchnorm_running.w
 /// Rows summed into one partial, on both paths. Fixed, so the grouping (and thus
 /// the rounding) never depends on the hardware or the thread count.
 pub const CHUNK_ROWS: usize = 256;
-/// Channels per partial-sum workgroup (`TILE_CHANNELS` in batchnorm_reduce.wgsl).
-const TILE_CHANNELS: usize = 16;
+/// Channel lanes per partial-sum workgroup (`TILE_LANES` in batchnorm_reduce.wgsl).
+const TILE_LANES: usize = 8;
 const ELEMENTWISE_WORKGROUP: u32 = 256;
 /// Workgroup size of the per-channel kernels (finalize, running statistics).
 const CHANNEL_WORKGROUP: u32 = 64;
@@ -401,7 +398,7 @@ fn backward(
     )?;
     let ([dbeta, dgamma], _) = finalize(ctx, &sums, layout, Finish::Sums, 0.0, None)?;
     let lanes = Lanes::of(layout);
-    let pipeline = lanes.pipeline(ctx, "batchnorm_backward_dx", BACKWARD_DX_SHADER)?;
+    let pipeline = lanes.pipeline(ctx, "batchnorm_backward_dx", &[BACKWARD_DX_SHADER])?;
     let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let len = x.numel() / lanes.width;
     let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
@@ -641,8 +638,8 @@ fn pipeline(
         .require(&PipelineKey::new(kernel, "portable"), "main", source)
 }
 
-/// How many consecutive values an invocation of the elementwise kernels
-/// (normalize, backward dx) moves: 4 where the channel count divides by 4
+/// How many consecutive channels an invocation of the elementwise and
+/// partial-sum kernels moves: 4 where the channel count divides by 4
 /// (shaders/ops/batchnorm_lanes4.wgsl), else 1.
 #[derive(Clone, Copy)]
 struct Lanes {
@@ -661,12 +658,12 @@ impl Lanes {
     }
 
     /// `kernel`'s pipeline at this width: ReLU's bit tests, the lane header,
-    /// then `source`.
+    /// then `sources`.
     fn pipeline(
         self,
         ctx: &GpuContext,
         kernel: &'static str,
-        source: &'static str,
+        sources: &[&'static str],
     ) -> Result<Arc<wgpu::ComputePipeline>> {
         let (variant, header) = match self.width {
             4 => (
@@ -680,14 +677,14 @@ impl Lanes {
         };
         ctx.pipelines()
             .require(&PipelineKey::new(kernel, variant), "main", || {
-                [RELU_BITS, header, source].concat().into()
+                [&[RELU_BITS, header], sources].concat().concat().into()
             })
     }
 }
 
 /// Records a partial-sum kernel (`source` after the reduce prelude): one workgroup
-/// per (channel tile, chunk of rows), writing two partials buffers `[chunks, C]`
-/// bound after `inputs`.
+/// per (channel tile, chunk of rows), a [`Lanes`] of channels per invocation,
+/// writing two partials buffers `[chunks, C]` bound after `inputs`.
 fn partial_sums(
     ctx: &Arc<GpuContext>,
     kernel: &'static str,
@@ -696,15 +693,17 @@ fn partial_sums(
     layout: Layout,
     relu_gate: bool,
 ) -> Result<[Tensor; 2]> {
-    let pipeline = pipeline(ctx, kernel, || [REDUCE_PRELUDE, source].concat().into())?;
+    let lanes = Lanes::of(layout);
+    let pipeline = lanes.pipeline(ctx, kernel, &[REDUCE_SHADER, source])?;
     let chunks = layout.rows.div_ceil(CHUNK_ROWS);
     let partial = || Tensor::uninit_gpu(ctx, Shape::new([chunks, layout.channels])?, DType::F32);
     let partials = [partial()?, partial()?];
-    let channel_tiles = layout.channels.div_ceil(TILE_CHANNELS);
+    let channel_lanes = layout.channels / lanes.width;
+    let channel_tiles = channel_lanes.div_ceil(TILE_LANES);
     let groups = channel_tiles * chunks;
     let (grid, group_stride) = flat_grid(groups, 1, max_groups(ctx));
     let params = [
-        layout.channels as u32,
+        channel_lanes as u32,
         layout.rows as u32,
         CHUNK_ROWS as u32,
         channel_tiles as u32,
@@ -801,7 +800,7 @@ fn normalize_gpu(
     relu: bool,
 ) -> Result<Tensor> {
     let lanes = Lanes::of(Layout::of("batch_norm", x)?);
-    let pipeline = lanes.pipeline(ctx, "batchnorm_normalize", NORMALIZE_SHADER)?;
+    let pipeline = lanes.pipeline(ctx, "batchnorm_normalize", &[NORMALIZE_SHADER])?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let len = x.numel() / lanes.width;
     let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
