@@ -404,6 +404,7 @@ impl Model {
         drop(params);
         drop(trainables);
         for layer in &mut self.layers {
+            layer.params_updated();
             layer.end_step();
         }
         self.step += 1;

@@ -660,8 +660,8 @@ pub(crate) fn gpu_operand(
     }
 }
 
-/// Declines `variant` for an operand it cannot take: an f16 tensor only feeds
-/// the f16 variants.
+/// Declines `variant` for an operand it cannot take: an f16 tensor (a layer's
+/// f16 weight shadow) only feeds the f16 variants.
 pub(crate) fn accepts_operand(variant: ConvVariant, t: &Tensor) -> Result<()> {
     if t.dtype() == DType::F16 && !variant.f16_operands() {
         return Err(AetherError::InvalidShape {

@@ -9,7 +9,7 @@ use super::common::{
     GemmRuns, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first, same_device,
 };
 use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
-use crate::error::{AetherError, Result};
+use crate::error::Result;
 use crate::tensor::{DType, Shape, Tensor};
 
 const KERNEL: ConvKernel = ConvKernel {
@@ -21,7 +21,7 @@ const KERNEL: ConvKernel = ConvKernel {
         along_k: [true, true],
         fits: |m| [m.c_out % GEMM_RUN == 0; 2],
     }),
-    f32_inputs: &["w"],
+    f32_inputs: &[],
 };
 
 /// `dX[N, H, W, C_in]` of a convolution with weights `w[R, S, C_in, C_out]` whose
@@ -42,14 +42,11 @@ pub fn conv2d_dinput(
         let dx = dinput_cpu(&meta, &host_values(dy)?, &host_values(w)?);
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     };
-    // An f32 weight is read as f32 and converted while staging: no cast dispatch.
-    // Should that pipeline fail to compile (announced), it is cast.
-    let w_f32 = [w.dtype() == DType::F32];
     let plan = plans.get_or_plan(ConvDirection::DInput, &meta, || {
         // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
         let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
         let classes = meta.stride_h * meta.stride_w;
-        plan_first(ctx, plans, &KERNEL, &meta, &w_f32, |variant| {
+        plan_first(ctx, plans, &KERNEL, &meta, &[], |variant| {
             accepts_operand(variant, w)?;
             ConvLaunchPlan::gemm(
                 ConvDirection::DInput,
@@ -59,21 +56,11 @@ pub fn conv2d_dinput(
             )
         })
     })?;
-    // The plan was checked with this weight dtype; another may need a pipeline
-    // that has not been compiled yet, which could still fail.
-    let (pipeline, read_f32) = KERNEL
-        .pipeline_for_inputs(ctx, &plan, &meta, &w_f32)
-        .ok_or_else(|| AetherError::NoKernelVariant {
-            kernel: KERNEL.name,
-            adapter: ctx.caps().adapter_name.clone(),
-            reasons: format!("{} failed to compile", plan.variant.name()),
-        })?;
+    let pipeline = KERNEL
+        .pipeline(ctx, &plan, &meta)
+        .expect("planned variant compiled");
     let dy_op = gpu_operand("conv2d_dinput dvalues", dy, plan.variant, true)?;
-    let w_op = if read_f32 {
-        w.clone()
-    } else {
-        gpu_operand("conv2d_dinput weight", w, plan.variant, false)?
-    };
+    let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant, false)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims)?, DType::F32)?;
     ctx.dispatch(
         "conv_dinput",

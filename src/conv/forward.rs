@@ -20,7 +20,7 @@ const KERNEL: ConvKernel = ConvKernel {
         along_k: [true, false],
         fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
     }),
-    f32_inputs: &["x", "w"],
+    f32_inputs: &["x"],
 };
 
 /// Convolves NHWC `x` with `w[R, S, C_in, C_out]` and adds `bias[C_out]`.
@@ -52,11 +52,11 @@ pub fn conv2d_forward(
         );
         return Tensor::from_f32(meta.output_dims().to_vec(), out, &x.device());
     };
-    // f32 operands are read as f32 and converted while staging: no cast dispatch.
-    // Should that pipeline fail to compile (announced), they are cast.
-    let f32_operands = [x.dtype() == DType::F32, w.dtype() == DType::F32];
+    // An f32 input is read as f32 and converted while staging: no cast dispatch.
+    // Should that pipeline fail to compile (announced), the input is cast.
+    let x_f32 = [x.dtype() == DType::F32];
     let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
-        plan_first(ctx, plans, &KERNEL, &meta, &f32_operands, |variant| {
+        plan_first(ctx, plans, &KERNEL, &meta, &x_f32, |variant| {
             accepts_operand(variant, w)?;
             ConvLaunchPlan::gemm(
                 ConvDirection::Forward,
@@ -69,20 +69,18 @@ pub fn conv2d_forward(
     // The plan was checked with this shape's input dtype; another dtype may need
     // a pipeline that has not been compiled yet, which could still fail.
     let (pipeline, read_f32) = KERNEL
-        .pipeline_for_inputs(ctx, &plan, &meta, &f32_operands)
+        .pipeline_for_inputs(ctx, &plan, &meta, &x_f32)
         .ok_or_else(|| AetherError::NoKernelVariant {
             kernel: KERNEL.name,
             adapter: ctx.caps().adapter_name.clone(),
             reasons: format!("{} failed to compile", plan.variant.name()),
         })?;
-    let (x_op, w_op) = if read_f32 {
-        (x.clone(), w.clone())
+    let x_op = if read_f32 {
+        x.clone()
     } else {
-        (
-            gpu_operand("conv2d_forward input", x, plan.variant, false)?,
-            gpu_operand("conv2d_forward weight", w, plan.variant, false)?,
-        )
+        gpu_operand("conv2d_forward input", x, plan.variant, false)?
     };
+    let w_op = gpu_operand("conv2d_forward weight", w, plan.variant, false)?;
     let out = Tensor::uninit_gpu(ctx, Shape::new(meta.output_dims())?, DType::F32)?;
     ctx.dispatch(
         "conv_forward",

@@ -1,13 +1,13 @@
 //! Conv2d and Dense (a 1x1 convolution over `[N, 1, 1, in]`), on the conv
-//! kernels. On a GPU whose best conv variant takes f16 operands, the forward and
-//! input-gradient kernels read the f32 weights and convert them while staging
-//! (no cast dispatch), and the backward casts dvalues and the input once for
-//! both gradient kernels.
+//! kernels. On a GPU whose best conv variant takes f16 operands, the weights'
+//! f16 shadow is cast once after each optimizer step and shared by the forward
+//! and input-gradient kernels, and the backward casts dvalues and the input once
+//! for both gradient kernels.
 
 use super::init::he_normal;
 use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc};
 use crate::conv::{
-    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, conv_backward_cast_fp16,
+    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
     conv2d_dinput, conv2d_dweight, conv2d_forward,
 };
 use crate::device::Device;
@@ -35,6 +35,8 @@ struct ConvWeights {
     params: ConvParams,
     kernel: Tensor,
     bias: Tensor,
+    /// The kernel as f16 for the f16 variants; `None` until first needed after an update.
+    kernel_f16: Option<Tensor>,
 }
 
 impl Conv2d {
@@ -75,10 +77,29 @@ impl Conv2d {
                 reason: "layer used before the model was finalized".into(),
             })
     }
+
+    /// The kernel operand: the f16 shadow where the best GPU variant takes f16.
+    fn kernel_operand(&mut self) -> Result<Tensor> {
+        let w = self
+            .weights
+            .as_mut()
+            .ok_or_else(|| AetherError::InvalidShape {
+                op: "Conv2d",
+                shape: vec![],
+                reason: "layer used before the model was finalized".into(),
+            })?;
+        if !f16_kernels_first(&w.kernel) {
+            return Ok(w.kernel.clone());
+        }
+        if w.kernel_f16.is_none() {
+            w.kernel_f16 = Some(cast_f16(&w.kernel, false)?);
+        }
+        Ok(w.kernel_f16.clone().expect("set above"))
+    }
 }
 
 /// Whether `t` is on a GPU whose preferred conv variant takes f16 operands, so
-/// the backward's operands are best cast once and shared.
+/// operands are best cast once and shared.
 fn f16_kernels_first(t: &Tensor) -> bool {
     t.gpu_context().is_some_and(|ctx| {
         ConvVariant::candidates(ctx.caps())
@@ -121,13 +142,15 @@ impl Layer for Conv2d {
             params,
             kernel,
             bias,
+            kernel_f16: None,
         });
         Ok(vec![meta.h_out, meta.w_out, self.filters])
     }
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let kernel = self.kernel_operand()?;
         let w = self.weights()?;
-        let y = conv2d_forward(x, &w.kernel, &w.bias, &w.params, &self.plans)?;
+        let y = conv2d_forward(x, &kernel, &w.bias, &w.params, &self.plans)?;
         if matches!(mode, Mode::Train { .. }) {
             self.input = Some(x.clone());
         }
@@ -136,7 +159,7 @@ impl Layer for Conv2d {
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         let x = cached(&self.input, "Conv2d::backward")?.clone();
-        let w = self.weights()?;
+        let params = self.weights()?.params;
         let dims = x.shape().nhwc("Conv2d::backward input")?;
         // One fused cast feeds both gradients (dinput would otherwise cast dy again).
         let both_f32 = dy.dtype() == DType::F32 && x.dtype() == DType::F32;
@@ -145,14 +168,12 @@ impl Layer for Conv2d {
         } else {
             (dy.clone(), x)
         };
-        let grads = conv2d_dweight(&x, &dy, &w.params, &self.plans)?;
-        let dx = if need_dx {
-            Some(conv2d_dinput(&dy, &w.kernel, dims, &w.params, &self.plans)?)
-        } else {
-            None
-        };
-        self.grads = Some(grads);
-        Ok(dx)
+        self.grads = Some(conv2d_dweight(&x, &dy, &params, &self.plans)?);
+        if !need_dx {
+            return Ok(None);
+        }
+        let kernel = self.kernel_operand()?;
+        conv2d_dinput(&dy, &kernel, dims, &params, &self.plans).map(Some)
     }
 
     fn trainables(&mut self) -> Vec<Trainable<'_>> {
@@ -217,7 +238,14 @@ impl Layer for Conv2d {
                 });
             }
         }
+        w.kernel_f16 = None;
         Ok(())
+    }
+
+    fn params_updated(&mut self) {
+        if let Some(w) = &mut self.weights {
+            w.kernel_f16 = None;
+        }
     }
 
     fn end_step(&mut self) {
@@ -316,6 +344,10 @@ impl Layer for Dense {
 
     fn conv_plans(&self) -> Option<&ConvPlans> {
         self.conv.conv_plans()
+    }
+
+    fn params_updated(&mut self) {
+        self.conv.params_updated();
     }
 
     fn end_step(&mut self) {

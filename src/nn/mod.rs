@@ -206,6 +206,9 @@ pub trait Layer: Send {
         })
     }
 
+    /// Called after the optimizer replaced the parameters (refreshes f16 shadows).
+    fn params_updated(&mut self) {}
+
     /// Called at the end of a training step: drops what the forward kept for
     /// the backward and the step's gradients. The next step then starts from
     /// the layer's lasting state alone, so it is handed the same pooled
