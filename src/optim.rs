@@ -1,11 +1,14 @@
 //! Adam and AdamW, updating every parameter of a model with one fused kernel,
 //! and the regularization loss of all parameters in one GPU reduction.
 //!
-//! On the GPU the parameters and gradients are packed into flat buffers with
-//! buffer copies (commands, not kernels), one dispatch updates everything, and
-//! the results are copied out into fresh pooled tensors, all in the same batch.
-//! Each parameter carries its own L1/L2 coefficients and whether weight decay
-//! applies to it (BatchNorm's parameters are excluded).
+//! On the GPU the first step packs the parameters into one buffer and hands
+//! each layer a view of its segment (segments start at binding-aligned
+//! offsets); from then on one dispatch updates them all in place, and only
+//! the gradients are copied into a packed buffer each step (copies are
+//! commands, not kernels). A parameter replaced since (a loaded checkpoint) is
+//! copied into its segment on the next step. Each parameter carries its own
+//! L1/L2 coefficients and whether weight decay applies to it (BatchNorm's
+//! parameters are excluded).
 
 use std::sync::Arc;
 
@@ -13,8 +16,8 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::device::Device;
 use crate::error::{AetherError, Result};
-use crate::gpu::{GpuContext, PipelineKey, flat_grid};
-use crate::tensor::{DType, Shape, Tensor};
+use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
+use crate::tensor::{DType, Shape, Tensor, view_offsets};
 
 const ADAM: &str = concat!(
     include_str!("../shaders/optim/segments.wgsl"),
@@ -29,7 +32,8 @@ const WORKGROUP: u32 = 256;
 
 /// One trainable tensor as the optimizer sees it.
 pub struct Param<'a> {
-    /// Replaced by the updated tensor after a step.
+    /// Replaced by the updated tensor after a step (on the GPU: a view of the
+    /// packed parameters, updated in place by later steps).
     pub value: &'a mut Tensor,
     pub grad: &'a Tensor,
     /// Coefficients of the layer's L1 and L2 penalties on this tensor.
@@ -65,11 +69,16 @@ pub struct Adam {
 /// First and second moments of every parameter, packed, and the layout they follow.
 struct Moments {
     lengths: Vec<usize>,
+    /// Element offset of each parameter in the packed buffers, then the total:
+    /// end to end on the CPU, at binding-aligned offsets on the GPU.
+    offsets: Vec<usize>,
     m: Tensor,
     v: Tensor,
     /// The GPU segment table, uploaded on the first step: an upload flushes the
     /// pending batch, so later steps must not upload anything.
     segments: Option<Tensor>,
+    /// The packed parameters on the GPU and a view of each one's segment.
+    packed: Option<(Tensor, Vec<Tensor>)>,
 }
 
 impl Adam {
@@ -109,7 +118,6 @@ impl Adam {
             return Ok(());
         };
         let device = first.value.device();
-        let total: usize = lengths.iter().sum();
         match &self.moments {
             Some(m) if m.lengths != lengths => {
                 return Err(AetherError::ShapeMismatch {
@@ -127,12 +135,31 @@ impl Adam {
             }
             Some(_) => {}
             None => {
+                let offsets: Vec<usize> = match &device {
+                    Device::Cpu => std::iter::once(0)
+                        .chain(lengths.iter().scan(0, |end, len| {
+                            *end += len;
+                            Some(*end)
+                        }))
+                        .collect(),
+                    Device::Gpu(ctx) => {
+                        let shapes: Vec<Shape> =
+                            params.iter().map(|p| p.value.shape().clone()).collect();
+                        view_offsets(ctx, &shapes)
+                            .into_iter()
+                            .map(|bytes| (bytes / 4) as usize)
+                            .collect()
+                    }
+                };
+                let total = *offsets.last().expect("offsets end with the total");
                 let zeros = || Tensor::from_f32(vec![total], vec![0.0; total], &device);
                 self.moments = Some(Moments {
                     lengths: lengths.clone(),
+                    offsets,
                     m: zeros()?,
                     v: zeros()?,
                     segments: None,
+                    packed: None,
                 });
             }
         }
@@ -156,8 +183,7 @@ impl Adam {
         let moments = self.moments.as_mut().expect("initialised");
         let mut m = moments.m.to_vec_f32()?;
         let mut v = moments.v.to_vec_f32()?;
-        let mut offset = 0;
-        for p in params.iter_mut() {
+        for (p, &offset) in params.iter_mut().zip(&moments.offsets) {
             let grad = p.grad.to_vec_f32()?;
             let mut value = p.value.to_vec_f32()?;
             for (j, (w, &g)) in value.iter_mut().zip(&grad).enumerate() {
@@ -170,7 +196,6 @@ impl Adam {
                 }
                 *w -= lr_t * m[i] / (v[i].sqrt() + eps);
             }
-            offset += value.len();
             *p.value = Tensor::from_f32(p.value.dims().to_vec(), value, &Device::Cpu)?;
         }
         let total = m.len();
@@ -216,21 +241,35 @@ fn check_param(p: &Param) -> Result<()> {
     Ok(())
 }
 
-fn segments(items: impl Iterator<Item = (usize, f32, f32, bool)>) -> Vec<Segment> {
-    let mut start = 0;
+/// The segment table of tensors `(len, l1, l2, decays)` starting at `starts`.
+fn segments(
+    items: impl Iterator<Item = (usize, f32, f32, bool)>,
+    starts: &[usize],
+) -> Vec<Segment> {
     items
-        .map(|(len, l1, l2, decays)| {
-            let seg = Segment {
-                start: start as u32,
-                end: (start + len) as u32,
-                l1,
-                l2,
-                decays: u32::from(decays),
-            };
-            start += len;
-            seg
+        .zip(starts)
+        .map(|((len, l1, l2, decays), &start)| Segment {
+            start: start as u32,
+            end: (start + len) as u32,
+            l1,
+            l2,
+            decays: u32::from(decays),
         })
         .collect()
+}
+
+/// Segments of tensors packed end to end.
+fn contiguous_segments(items: impl Iterator<Item = (usize, f32, f32, bool)>) -> Vec<Segment> {
+    let items: Vec<_> = items.collect();
+    let starts: Vec<usize> = items
+        .iter()
+        .scan(0, |start, item| {
+            let this = *start;
+            *start += item.0;
+            Some(this)
+        })
+        .collect();
+    segments(items.into_iter(), &starts)
 }
 
 fn pipeline(
@@ -244,18 +283,19 @@ fn pipeline(
         })
 }
 
-fn gpu_buf(t: &Tensor) -> &wgpu::Buffer {
-    t.gpu_buffer().expect("checked to be on the GPU")
+fn gpu_buf(t: &Tensor) -> GpuSlice<'_> {
+    t.gpu_slice().expect("checked to be on the GPU")
 }
 
 /// Packs `tensors` end to end into one flat f32 tensor with buffer copies.
 fn pack(ctx: &Arc<GpuContext>, tensors: &[&Tensor]) -> Result<Tensor> {
     let total: usize = tensors.iter().map(|t| t.numel()).sum();
     let flat = Tensor::uninit_gpu(ctx, Shape::new([total])?, DType::F32)?;
+    let dst = gpu_buf(&flat);
     let mut offset = 0u64;
     for t in tensors {
-        let bytes = t.numel() as u64 * 4;
-        ctx.copy_buffer_region(gpu_buf(t), 0, gpu_buf(&flat), offset, bytes);
+        let (src, bytes) = (gpu_buf(t), t.numel() as u64 * 4);
+        ctx.copy_buffer_region(src.buffer, src.offset, dst.buffer, offset, bytes);
         offset += bytes;
     }
     Ok(flat)
@@ -269,24 +309,45 @@ fn step_gpu(
     decay_lr: f32,
     [beta1, beta2, eps]: [f32; 3],
 ) -> Result<()> {
-    let values: Vec<&Tensor> = params.iter().map(|p| &*p.value).collect();
-    let flat_params = pack(ctx, &values)?;
-    let grads: Vec<&Tensor> = params.iter().map(|p| p.grad).collect();
-    let flat_grads = pack(ctx, &grads)?;
-    let segs = segments(
-        params
-            .iter()
-            .map(|p| (p.value.numel(), p.l1, p.l2, p.decays)),
-    );
+    let offsets = &moments.offsets;
+    let total = *offsets.last().expect("offsets end with the total");
+    let byte_offset = |i: usize| offsets[i] as u64 * 4;
+    if moments.packed.is_none() {
+        let shapes: Vec<Shape> = params.iter().map(|p| p.value.shape().clone()).collect();
+        moments.packed = Some(Tensor::gpu_views(ctx, &shapes)?);
+    }
+    let (flat_params, views) = moments.packed.as_ref().expect("packed above");
+    // Each parameter should be its own view; one that is not (the first step,
+    // or a tensor the model replaced) is copied into its segment and replaced
+    // by the view.
+    for (i, p) in params.iter_mut().enumerate() {
+        if !p.value.is_view_at(flat_params, byte_offset(i)) {
+            let (src, dst) = (gpu_buf(p.value), gpu_buf(flat_params));
+            let bytes = p.value.numel() as u64 * 4;
+            ctx.copy_buffer_region(src.buffer, src.offset, dst.buffer, byte_offset(i), bytes);
+            *p.value = views[i].clone();
+        }
+    }
+    let flat_grads = Tensor::uninit_gpu(ctx, Shape::new([total])?, DType::F32)?;
+    for (i, p) in params.iter().enumerate() {
+        let (src, dst) = (gpu_buf(p.grad), gpu_buf(&flat_grads));
+        let bytes = p.grad.numel() as u64 * 4;
+        ctx.copy_buffer_region(src.buffer, src.offset, dst.buffer, byte_offset(i), bytes);
+    }
     let seg_tensor = match &moments.segments {
         Some(t) => t.clone(),
         None => {
+            let segs = segments(
+                params
+                    .iter()
+                    .map(|p| (p.value.numel(), p.l1, p.l2, p.decays)),
+                offsets,
+            );
             let t = segment_tensor(ctx, &segs)?;
             moments.segments = Some(t.clone());
             t
         }
     };
-    let total = flat_params.numel();
     let (grid, row_stride) = flat_grid(
         total,
         WORKGROUP,
@@ -295,7 +356,7 @@ fn step_gpu(
     let uniform = [
         total as u32,
         row_stride,
-        segs.len() as u32,
+        params.len() as u32,
         lr_t.to_bits(),
         beta1.to_bits(),
         beta2.to_bits(),
@@ -307,23 +368,14 @@ fn step_gpu(
         &*pipeline(ctx, "adam", ADAM)?,
         &[
             gpu_buf(&flat_grads),
-            gpu_buf(&flat_params),
+            gpu_buf(flat_params),
             gpu_buf(&moments.m),
             gpu_buf(&moments.v),
             gpu_buf(&seg_tensor),
         ],
         bytemuck::cast_slice(&uniform),
         grid,
-    )?;
-    let mut offset = 0u64;
-    for p in params.iter_mut() {
-        let updated = Tensor::uninit_gpu(ctx, p.value.shape().clone(), DType::F32)?;
-        let bytes = p.value.numel() as u64 * 4;
-        ctx.copy_buffer_region(gpu_buf(&flat_params), offset, gpu_buf(&updated), 0, bytes);
-        offset += bytes;
-        *p.value = updated;
-    }
-    Ok(())
+    )
 }
 
 /// The segment table as a GPU tensor (u32 words: Segment is five 4-byte fields).
@@ -364,7 +416,7 @@ pub fn regularization_loss(terms: &[(&Tensor, f32, f32)]) -> Result<Tensor> {
     };
     let tensors: Vec<&Tensor> = terms.iter().map(|(t, _, _)| *t).collect();
     let flat = pack(ctx, &tensors)?;
-    let segs = segments(terms.iter().map(|(t, l1, l2)| (t.numel(), *l1, *l2, false)));
+    let segs = contiguous_segments(terms.iter().map(|(t, l1, l2)| (t.numel(), *l1, *l2, false)));
     let seg_tensor = segment_tensor(ctx, &segs)?;
     let total = flat.numel();
     let (grid, _) = flat_grid(

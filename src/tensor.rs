@@ -2,7 +2,9 @@
 //!
 //! A tensor is an immutable value; kernels produce new tensors. Cloning is cheap
 //! (storage is shared). GPU storage comes from the context's buffer pool and goes
-//! back to it when the last clone is dropped.
+//! back to it when the last clone is dropped. The one exception to immutability
+//! is the optimizer: it packs a model's parameters into one buffer, hands the
+//! layers views of it, and updates them there in place.
 
 use std::sync::Arc;
 
@@ -10,7 +12,7 @@ use half::f16;
 
 use crate::device::Device;
 use crate::error::{AetherError, Result};
-use crate::gpu::{GpuContext, PooledBuffer};
+use crate::gpu::{GpuContext, GpuSlice, PooledBuffer};
 
 /// Element type of a tensor's storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -83,12 +85,32 @@ enum Storage {
     HostF32(Arc<Vec<f32>>),
     HostF16(Arc<Vec<f16>>),
     HostU32(Arc<Vec<u32>>),
-    Gpu(Arc<GpuStorage>),
+    Gpu(GpuRange),
 }
 
 struct GpuStorage {
     ctx: Arc<GpuContext>,
     buffer: PooledBuffer,
+}
+
+/// The part of a pooled buffer a GPU tensor occupies: all of it, or a view's
+/// segment (see [`Tensor::gpu_views`]). `size` is the binding size, a multiple
+/// of the pool's granule.
+#[derive(Clone)]
+struct GpuRange {
+    storage: Arc<GpuStorage>,
+    offset: u64,
+    size: u64,
+}
+
+impl GpuRange {
+    fn slice(&self) -> GpuSlice<'_> {
+        GpuSlice {
+            buffer: self.storage.buffer.buffer(),
+            offset: self.offset,
+            size: self.size,
+        }
+    }
 }
 
 /// A shaped array of numbers on one device.
@@ -185,7 +207,7 @@ impl Tensor {
 
     fn upload(ctx: &Arc<GpuContext>, shape: Shape, dtype: DType, bytes: &[u8]) -> Result<Self> {
         let tensor = Self::uninit_gpu(ctx, shape, dtype)?;
-        ctx.upload(tensor.gpu_buffer().expect("GPU tensor"), bytes);
+        ctx.upload(tensor.gpu_slice().expect("GPU tensor"), bytes);
         Ok(tensor)
     }
 
@@ -215,14 +237,57 @@ impl Tensor {
             Some(buffer) => buffer,
             None => new_buffer(ctx, bytes, usage, what)?,
         };
+        let size = buffer.size();
         Ok(Self {
             shape,
             dtype,
-            storage: Storage::Gpu(Arc::new(GpuStorage {
-                ctx: Arc::clone(ctx),
-                buffer,
-            })),
+            storage: Storage::Gpu(GpuRange {
+                storage: Arc::new(GpuStorage {
+                    ctx: Arc::clone(ctx),
+                    buffer,
+                }),
+                offset: 0,
+                size,
+            }),
         })
+    }
+
+    /// One new GPU buffer holding f32 tensors of `shapes` end to end, each at an
+    /// offset aligned for a storage binding: the whole buffer as a flat tensor,
+    /// and a view of each segment. The views share the buffer: a kernel writing
+    /// the flat tensor changes them.
+    pub(crate) fn gpu_views(ctx: &Arc<GpuContext>, shapes: &[Shape]) -> Result<(Self, Vec<Self>)> {
+        let offsets = view_offsets(ctx, shapes);
+        let total = (offsets.last().copied().unwrap_or(0) / 4) as usize;
+        let flat = Self::uninit_gpu(ctx, Shape::new([total])?, DType::F32)?;
+        let Storage::Gpu(range) = &flat.storage else {
+            unreachable!("uninit_gpu gives GPU storage")
+        };
+        let views = shapes
+            .iter()
+            .zip(offsets.windows(2))
+            .map(|(shape, ends)| Self {
+                shape: shape.clone(),
+                dtype: DType::F32,
+                storage: Storage::Gpu(GpuRange {
+                    storage: Arc::clone(&range.storage),
+                    offset: ends[0],
+                    size: ends[1] - ends[0],
+                }),
+            })
+            .collect();
+        Ok((flat, views))
+    }
+
+    /// Whether this is the view of `flat`'s buffer at byte `offset` (see
+    /// [`Self::gpu_views`]).
+    pub(crate) fn is_view_at(&self, flat: &Tensor, offset: u64) -> bool {
+        match (&self.storage, &flat.storage) {
+            (Storage::Gpu(view), Storage::Gpu(whole)) => {
+                Arc::ptr_eq(&view.storage, &whole.storage) && view.offset == offset
+            }
+            _ => false,
+        }
     }
 
     /// The same data under another shape with the same element count (no copy).
@@ -255,7 +320,7 @@ impl Tensor {
     pub fn device(&self) -> Device {
         match &self.storage {
             Storage::HostF32(_) | Storage::HostF16(_) | Storage::HostU32(_) => Device::Cpu,
-            Storage::Gpu(g) => Device::Gpu(Arc::clone(&g.ctx)),
+            Storage::Gpu(g) => Device::Gpu(Arc::clone(&g.storage.ctx)),
         }
     }
 
@@ -267,7 +332,7 @@ impl Tensor {
             Storage::HostF32(v) => Ok(v.to_vec()),
             Storage::HostF16(v) => Ok(v.iter().map(|x| x.to_f32()).collect()),
             Storage::Gpu(g) => {
-                let bytes = g.ctx.read_bytes(g.buffer.buffer(), self.byte_len())?;
+                let bytes = g.storage.ctx.read_bytes(g.slice(), self.byte_len())?;
                 match self.dtype {
                     DType::F32 => Ok(bytemuck::pod_collect_to_vec(&bytes)),
                     DType::F16 => Ok(bytemuck::pod_collect_to_vec::<u8, f16>(&bytes)
@@ -285,7 +350,7 @@ impl Tensor {
         match (&self.storage, self.dtype) {
             (Storage::HostF16(v), _) => Ok(v.to_vec()),
             (Storage::Gpu(g), DType::F16) => {
-                let bytes = g.ctx.read_bytes(g.buffer.buffer(), self.byte_len())?;
+                let bytes = g.storage.ctx.read_bytes(g.slice(), self.byte_len())?;
                 Ok(bytemuck::pod_collect_to_vec(&bytes))
             }
             _ => Err(self.wrong_dtype("Tensor::to_vec_f16")),
@@ -297,7 +362,7 @@ impl Tensor {
         match (&self.storage, self.dtype) {
             (Storage::HostU32(v), _) => Ok(v.to_vec()),
             (Storage::Gpu(g), DType::U32) => {
-                let bytes = g.ctx.read_bytes(g.buffer.buffer(), self.byte_len())?;
+                let bytes = g.storage.ctx.read_bytes(g.slice(), self.byte_len())?;
                 Ok(bytemuck::pod_collect_to_vec(&bytes))
             }
             _ => Err(self.wrong_dtype("Tensor::to_vec_u32")),
@@ -357,10 +422,10 @@ impl Tensor {
         }
     }
 
-    /// The GPU buffer, when this tensor lives on a GPU.
-    pub(crate) fn gpu_buffer(&self) -> Option<&wgpu::Buffer> {
+    /// The slice of a GPU buffer this tensor occupies, when it lives on a GPU.
+    pub(crate) fn gpu_slice(&self) -> Option<GpuSlice<'_>> {
         match &self.storage {
-            Storage::Gpu(g) => Some(g.buffer.buffer()),
+            Storage::Gpu(g) => Some(g.slice()),
             _ => None,
         }
     }
@@ -368,10 +433,24 @@ impl Tensor {
     /// The GPU context, when this tensor lives on a GPU.
     pub(crate) fn gpu_context(&self) -> Option<&Arc<GpuContext>> {
         match &self.storage {
-            Storage::Gpu(g) => Some(&g.ctx),
+            Storage::Gpu(g) => Some(&g.storage.ctx),
             _ => None,
         }
     }
+}
+
+/// Byte offsets of f32 tensors of `shapes` packed end to end, each segment
+/// rounded up to a multiple of 256 bytes (the pool's granule) and of the
+/// adapter's storage-binding offset alignment; the last entry is the total.
+pub(crate) fn view_offsets(ctx: &GpuContext, shapes: &[Shape]) -> Vec<u64> {
+    let align = u64::from(ctx.caps().limits.min_storage_buffer_offset_alignment).max(256);
+    let mut offsets = vec![0];
+    for shape in shapes {
+        let end = offsets.last().copied().unwrap_or(0)
+            + (shape.numel() as u64 * 4).div_ceil(align) * align;
+        offsets.push(end);
+    }
+    offsets
 }
 
 /// A new pooled buffer inside error scopes, so a refused or failed allocation is

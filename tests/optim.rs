@@ -16,7 +16,17 @@ const LAYOUT: [(usize, f32, f32, bool); 3] = [
     (33, 0.0, 0.0, false),
 ];
 
-fn reference_adam(params: &mut [Vec<f64>], grads: &[Vec<Vec<f64>>], lr: f64, wd: f64) {
+/// Parameter 1's new value after the first step, in [`run`]'s replacement case.
+const REPLACED: usize = 1;
+
+/// `replacement`, when given, becomes parameter [`REPLACED`] after the first step.
+fn reference_adam(
+    params: &mut [Vec<f64>],
+    grads: &[Vec<Vec<f64>>],
+    lr: f64,
+    wd: f64,
+    replacement: Option<&[f32]>,
+) {
     let (b1, b2, eps) = (0.9f64, 0.999f64, 1e-7f64);
     let mut m: Vec<Vec<f64>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
     let mut v = m.clone();
@@ -42,22 +52,33 @@ fn reference_adam(params: &mut [Vec<f64>], grads: &[Vec<Vec<f64>>], lr: f64, wd:
                 p[i] -= lr_t * m[k][i] / (v[k][i].sqrt() + eps);
             }
         }
+        if let (0, Some(new)) = (step, replacement) {
+            params[REPLACED] = new.iter().map(|&x| f64::from(x)).collect();
+        }
     }
 }
 
-fn run(device: &Device, weight_decay: f32) {
+/// Three steps against the reference. With `replace`, parameter [`REPLACED`]
+/// is swapped for a new tensor after the first step, as loading a checkpoint
+/// does: on the GPU, where the optimizer has packed the parameters, the new
+/// tensor must be copied into its segment, and the others must be unchanged.
+fn run(device: &Device, weight_decay: f32, replace: bool) {
     let mut rng = Rng::fresh();
     let lr = 1e-2f32;
     let init: Vec<Vec<f32>> = LAYOUT.iter().map(|&(n, ..)| rng.vec(n)).collect();
     let grads: Vec<Vec<Vec<f32>>> = (0..3)
         .map(|_| LAYOUT.iter().map(|&(n, ..)| rng.vec(n)).collect())
         .collect();
+    let replacement = replace.then(|| rng.vec(LAYOUT[REPLACED].0));
     let mut values: Vec<Tensor> = init
         .iter()
         .map(|v| Tensor::from_f32(vec![v.len()], v.clone(), device).unwrap())
         .collect();
     let mut adam = Adam::adamw(lr, weight_decay);
-    for step_grads in &grads {
+    for (step, step_grads) in grads.iter().enumerate() {
+        if let (1, Some(new)) = (step, &replacement) {
+            values[REPLACED] = Tensor::from_f32(vec![new.len()], new.clone(), device).unwrap();
+        }
         let grad_tensors: Vec<Tensor> = step_grads
             .iter()
             .map(|g| Tensor::from_f32(vec![g.len()], g.clone(), device).unwrap())
@@ -88,7 +109,13 @@ fn run(device: &Device, weight_decay: f32) {
                 .collect()
         })
         .collect();
-    reference_adam(&mut want, &grads64, f64::from(lr), f64::from(weight_decay));
+    reference_adam(
+        &mut want,
+        &grads64,
+        f64::from(lr),
+        f64::from(weight_decay),
+        replacement.as_deref(),
+    );
     for (k, (got, want)) in values.iter().zip(&want).enumerate() {
         let got = got.to_vec_f32().unwrap();
         let (mut diff, mut norm) = (0.0, 0.0);
@@ -108,10 +135,16 @@ fn run(device: &Device, weight_decay: f32) {
     assert_eq!(adam.steps(), 3);
 }
 
-test_device!(adam_matches_reference, |device: &Device| run(device, 0.0));
+test_device!(adam_matches_reference, |device: &Device| run(
+    device, 0.0, false
+));
 test_device!(
     adamw_matches_reference_and_skips_excluded_params,
-    |device: &Device| run(device, 0.05)
+    |device: &Device| run(device, 0.05, false)
+);
+test_device!(
+    a_replaced_parameter_is_copied_into_its_packed_segment,
+    |device: &Device| run(device, 0.05, true)
 );
 
 test_device!(

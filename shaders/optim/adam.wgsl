@@ -1,6 +1,6 @@
 // One Adam / AdamW step over every parameter of a model, packed into flat
-// buffers. Each parameter tensor is a segment with its own L1/L2 regularization
-// and a flag excluding it from weight decay (BatchNorm).
+// buffers and updated in place. Each parameter tensor is a segment with its own
+// L1/L2 regularization and a flag excluding it from weight decay (BatchNorm).
 //   g  = grad + l1 * sign(p) + 2 * l2 * p
 //   m  = b1 * m + (1 - b1) * g;   v = b2 * v + (1 - b2) * g^2
 //   p -= decay_lr * p                         (AdamW: lr * weight_decay; Adam: 0)
@@ -31,6 +31,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let seg = segment_of(i, step.segment_count);
+    // Segments start at aligned offsets: the gap after one belongs to no parameter.
+    if (i >= seg.end) {
+        return;
+    }
     var p = params[i];
     let g = grads[i] + seg.l1 * sign(p) + 2.0 * seg.l2 * p;
     let m_new = step.beta1 * m[i] + (1.0 - step.beta1) * g;

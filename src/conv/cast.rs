@@ -9,7 +9,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::error::{AetherError, Result};
-use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::tensor::{DType, Tensor};
 
 const F16_BITS: &str = include_str!("../../shaders/conv/f16_bits.wgsl");
@@ -118,6 +118,6 @@ fn group_grid(ctx: &GpuContext, groups: usize) -> ([u32; 3], u32) {
     )
 }
 
-fn gpu(t: &Tensor) -> &wgpu::Buffer {
-    t.gpu_buffer().expect("operand checked to be on the GPU")
+fn gpu(t: &Tensor) -> GpuSlice<'_> {
+    t.gpu_slice().expect("operand checked to be on the GPU")
 }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use super::coop::CoopBlock;
 use crate::diagnostics::warn_once;
-use crate::gpu::{GpuCapabilities, GpuContext, PipelineKey};
+use crate::gpu::{GpuCapabilities, GpuContext, GpuSlice, PipelineKey};
 use crate::tensor::{DType, Tensor};
 
 /// How the input is padded before the filter slides over it.
@@ -682,8 +682,8 @@ pub(crate) fn host_values(t: &Tensor) -> Result<Cow<'_, [f32]>> {
 }
 
 /// The GPU buffer of an operand already checked to be on the GPU.
-pub(crate) fn buf(t: &Tensor) -> &wgpu::Buffer {
-    t.gpu_buffer().expect("operand checked to be on the GPU")
+pub(crate) fn buf(t: &Tensor) -> GpuSlice<'_> {
+    t.gpu_slice().expect("operand checked to be on the GPU")
 }
 
 /// Checks that all tensors are on `first`'s device.

@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use super::GpuSlice;
 use super::bind_groups;
 use super::context::GpuContext;
 use super::pool::PooledBuffer;
@@ -65,7 +66,7 @@ impl GpuContext {
         &self,
         label: &'static str,
         pipeline: &wgpu::ComputePipeline,
-        buffers: &[&wgpu::Buffer],
+        buffers: &[GpuSlice<'_>],
         params: &[u8],
         workgroups: [u32; 3],
     ) -> Result<()> {
@@ -169,11 +170,6 @@ impl GpuContext {
         Ok(())
     }
 
-    /// Records a buffer-to-buffer copy into the pending batch.
-    pub fn copy_buffer(&self, src: &wgpu::Buffer, dst: &wgpu::Buffer, bytes: u64) {
-        self.copy_buffer_region(src, 0, dst, 0, bytes);
-    }
-
     /// Records a copy of `bytes` from `src` at `src_offset` to `dst` at
     /// `dst_offset` (offsets and size multiples of 4) into the pending batch.
     pub fn copy_buffer_region(
@@ -264,7 +260,7 @@ impl GpuContext {
         self.batch()
             .encoder(|| self.new_encoder())
             .resolve_query_set(&timer.queries, 0..count, resolve.buffer(), 0);
-        let raw = self.read_bytes(resolve.buffer(), bytes)?;
+        let raw = self.read_bytes(GpuSlice::whole(resolve.buffer()), bytes)?;
         let ticks: &[u64] = bytemuck::cast_slice(&raw);
         let period = f64::from(self.queue.get_timestamp_period());
         let times = timer
@@ -280,15 +276,15 @@ impl GpuContext {
         Ok((value, times))
     }
 
-    /// Writes `data` into `buffer` after all pending work, so a recycled buffer
+    /// Writes `data` into `slice` after all pending work, so a recycled buffer
     /// is never overwritten before earlier recorded kernels have read it.
-    pub fn upload(&self, buffer: &wgpu::Buffer, data: &[u8]) {
+    pub fn upload(&self, slice: GpuSlice<'_>, data: &[u8]) {
         self.flush();
-        self.queue.write_buffer(buffer, 0, data);
+        self.queue.write_buffer(slice.buffer, slice.offset, data);
     }
 
-    /// Submits pending work and copies the first `bytes` of `buffer` to the host.
-    pub fn read_bytes(&self, buffer: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+    /// Submits pending work and copies the first `bytes` of `slice` to the host.
+    pub fn read_bytes(&self, slice: GpuSlice<'_>, bytes: u64) -> Result<Vec<u8>> {
         let gpu_err = |message: String| AetherError::Gpu {
             during: "read back",
             message,
@@ -299,11 +295,11 @@ impl GpuContext {
             padded,
             wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         );
-        self.copy_buffer(buffer, staging.buffer(), padded);
+        self.copy_buffer_region(slice.buffer, slice.offset, staging.buffer(), 0, padded);
         self.flush();
-        let slice = staging.buffer().slice(..padded);
+        let mapped = staging.buffer().slice(..padded);
         let (sender, receiver) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
+        mapped.map_async(wgpu::MapMode::Read, move |r| {
             let _ = sender.send(r);
         });
         self.wait_idle()?;
@@ -312,7 +308,7 @@ impl GpuContext {
             .map_err(|e| gpu_err(e.to_string()))?
             .map_err(|e| gpu_err(e.to_string()))?;
         let data = {
-            let view = slice
+            let view = mapped
                 .get_mapped_range()
                 .map_err(|e| gpu_err(e.to_string()))?;
             view[..bytes as usize].to_vec()

@@ -6,13 +6,15 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::GpuSlice;
+
 /// Entries kept before the cache starts over. A settled v1 training step uses
 /// 84; the bound keeps a long run with changing shapes from growing without end.
 const CAPACITY: usize = 4096;
 
-type Key = (wgpu::ComputePipeline, Vec<wgpu::Buffer>);
+type Key = (wgpu::ComputePipeline, Vec<(wgpu::Buffer, u64, u64)>);
 
-/// Bind groups of whole-buffer storage bindings, keyed by pipeline and buffers.
+/// Bind groups of storage bindings, keyed by pipeline and buffer slices.
 /// Entries hold their buffers, which are pooled and never freed before the
 /// context, so a cached group can never name a buffer that has been replaced.
 #[derive(Default)]
@@ -22,17 +24,20 @@ pub(crate) struct BindGroupCache {
 }
 
 impl BindGroupCache {
-    /// The bind group of `buffers` at bindings `0..n` of `pipeline`'s group 0.
+    /// The bind group of `slices` at bindings `0..n` of `pipeline`'s group 0.
     pub(crate) fn get_or_create(
         &self,
         device: &wgpu::Device,
         label: &str,
         pipeline: &wgpu::ComputePipeline,
-        buffers: &[&wgpu::Buffer],
+        slices: &[GpuSlice<'_>],
     ) -> wgpu::BindGroup {
         let key: Key = (
             pipeline.clone(),
-            buffers.iter().map(|&b| b.clone()).collect(),
+            slices
+                .iter()
+                .map(|s| (s.buffer.clone(), s.offset, s.size))
+                .collect(),
         );
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(group) = entries.get(&key) {
@@ -41,7 +46,7 @@ impl BindGroupCache {
         if entries.len() >= CAPACITY {
             entries.clear();
         }
-        let group = create(device, label, pipeline, buffers, None);
+        let group = create(device, label, pipeline, slices, None);
         self.created.fetch_add(1, Ordering::Relaxed);
         entries.insert(key, group.clone());
         group
@@ -53,26 +58,26 @@ impl BindGroupCache {
     }
 }
 
-/// A bind group of `buffers` at bindings `0..n`, then `params` (a uniform
+/// A bind group of `slices` at bindings `0..n`, then `params` (a uniform
 /// buffer and its size) at binding `n` when given.
 pub(crate) fn create(
     device: &wgpu::Device,
     label: &str,
     pipeline: &wgpu::ComputePipeline,
-    buffers: &[&wgpu::Buffer],
+    slices: &[GpuSlice<'_>],
     params: Option<(&wgpu::Buffer, u64)>,
 ) -> wgpu::BindGroup {
-    let mut entries: Vec<wgpu::BindGroupEntry> = buffers
+    let mut entries: Vec<wgpu::BindGroupEntry> = slices
         .iter()
         .enumerate()
-        .map(|(i, b)| wgpu::BindGroupEntry {
+        .map(|(i, s)| wgpu::BindGroupEntry {
             binding: i as u32,
-            resource: b.as_entire_binding(),
+            resource: s.binding(),
         })
         .collect();
     if let Some((buffer, size)) = params {
         entries.push(wgpu::BindGroupEntry {
-            binding: buffers.len() as u32,
+            binding: slices.len() as u32,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer,
                 offset: 0,

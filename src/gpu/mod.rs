@@ -10,6 +10,7 @@ mod grid;
 mod options;
 mod pipelines;
 mod pool;
+mod slice;
 
 pub use batch::KernelTime;
 pub use caps::{CoopMatrixConfig, GpuCapabilities};
@@ -18,3 +19,4 @@ pub use grid::flat_grid;
 pub use options::{DevicePreference, GpuOptions, device_preference_from_env};
 pub use pipelines::{PipelineCache, PipelineKey};
 pub use pool::{BufferPool, PoolStats, PooledBuffer};
+pub use slice::GpuSlice;

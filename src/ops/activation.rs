@@ -13,7 +13,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::error::{AetherError, Result};
-use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::tensor::{DType, Tensor};
 
 const RELU_BACKWARD_SHADER: &str = concat!(
@@ -177,11 +177,9 @@ pub(crate) fn gpu_elementwise(
     let (grid, row_stride) = elementwise_grid(ctx, len);
     let mut params = vec![len as u32, row_stride];
     params.extend_from_slice(extra);
-    let mut buffers: Vec<&wgpu::Buffer> = inputs
-        .iter()
-        .map(|t| t.gpu_buffer().expect("GPU"))
-        .collect();
-    buffers.push(output.gpu_buffer().expect("GPU"));
+    let mut buffers: Vec<GpuSlice<'_>> =
+        inputs.iter().map(|t| t.gpu_slice().expect("GPU")).collect();
+    buffers.push(output.gpu_slice().expect("GPU"));
     ctx.dispatch(
         kernel,
         &pipeline,

@@ -84,7 +84,7 @@ pub fn random_crop_flip(x: &Tensor, pad: usize, seed: u64, step: u32) -> Result<
     ctx.dispatch(
         "augment_crop_flip",
         &pipeline,
-        &[x.gpu_buffer().expect("GPU"), out.gpu_buffer().expect("GPU")],
+        &[x.gpu_slice().expect("GPU"), out.gpu_slice().expect("GPU")],
         bytemuck::cast_slice(&params),
         grid,
     )?;

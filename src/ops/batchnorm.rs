@@ -25,7 +25,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::error::{AetherError, Result};
-use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::ops::activation::relu_backward;
 use crate::ops::relu as relu_op;
 use crate::tensor::{DType, Shape, Tensor};
@@ -621,8 +621,8 @@ fn gpu_context(t: &Tensor) -> &Arc<GpuContext> {
         .expect("a tensor not on the host is on a GPU")
 }
 
-fn buf(t: &Tensor) -> &wgpu::Buffer {
-    t.gpu_buffer().expect("operand checked to be on the GPU")
+fn buf(t: &Tensor) -> GpuSlice<'_> {
+    t.gpu_slice().expect("operand checked to be on the GPU")
 }
 
 fn max_groups(ctx: &GpuContext) -> u32 {
@@ -711,7 +711,7 @@ fn partial_sums(
         group_stride,
         u32::from(relu_gate),
     ];
-    let buffers: Vec<&wgpu::Buffer> = inputs.iter().copied().chain(&partials).map(buf).collect();
+    let buffers: Vec<GpuSlice<'_>> = inputs.iter().copied().chain(&partials).map(buf).collect();
     ctx.dispatch(
         kernel,
         &pipeline,

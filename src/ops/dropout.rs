@@ -232,9 +232,9 @@ fn masked(x: &Tensor, rate: f32, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
         "dropout",
         &pipeline,
         &[
-            x.gpu_buffer().expect("GPU"),
-            mask.gpu_buffer().expect("GPU"),
-            y.gpu_buffer().expect("GPU"),
+            x.gpu_slice().expect("GPU"),
+            mask.gpu_slice().expect("GPU"),
+            y.gpu_slice().expect("GPU"),
         ],
         bytemuck::cast_slice(&params),
         grid,

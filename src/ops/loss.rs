@@ -24,7 +24,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::error::{AetherError, Result};
-use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::tensor::{DType, Shape, Tensor};
 
 const COMMON: &str = include_str!("../../shaders/ops/loss_common.wgsl");
@@ -414,8 +414,8 @@ fn gpu_context(t: &Tensor) -> &Arc<GpuContext> {
     t.gpu_context().expect("non-host tensor is on a GPU")
 }
 
-fn buffer(t: &Tensor) -> &wgpu::Buffer {
-    t.gpu_buffer().expect("operand checked to be on the GPU")
+fn buffer(t: &Tensor) -> GpuSlice<'_> {
+    t.gpu_slice().expect("operand checked to be on the GPU")
 }
 
 fn pipeline(
@@ -434,7 +434,7 @@ fn dispatch_rows(
     ctx: &GpuContext,
     kernel: &'static str,
     source: &'static str,
-    buffers: &[&wgpu::Buffer],
+    buffers: &[GpuSlice<'_>],
     rows: usize,
     classes: usize,
     smoothing: f32,

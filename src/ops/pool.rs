@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use crate::conv::Padding;
 use crate::error::{AetherError, Result};
-use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::tensor::{DType, Shape, Tensor};
 
 const MAX_FORWARD: &str = concat!(
@@ -300,8 +300,8 @@ fn require_dims(op: &'static str, t: &Tensor, expected: &[usize]) -> Result<()> 
     }
 }
 
-fn gpu_buffer(t: &Tensor) -> &wgpu::Buffer {
-    t.gpu_buffer().expect("operand checked to be on the GPU")
+fn gpu_buffer(t: &Tensor) -> GpuSlice<'_> {
+    t.gpu_slice().expect("operand checked to be on the GPU")
 }
 
 /// The GPU context of a tensor that is not on the host.
@@ -326,7 +326,7 @@ fn launch_flat(
     ctx: &GpuContext,
     kernel: &'static str,
     source: &'static str,
-    buffers: &[&wgpu::Buffer],
+    buffers: &[GpuSlice<'_>],
     len: usize,
     params: impl FnOnce(u32) -> Vec<u32>,
 ) -> Result<()> {

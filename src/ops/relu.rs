@@ -39,7 +39,7 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
     ctx.dispatch(
         "relu",
         &pipeline,
-        &[x.gpu_buffer().expect("GPU"), y.gpu_buffer().expect("GPU")],
+        &[x.gpu_slice().expect("GPU"), y.gpu_slice().expect("GPU")],
         bytemuck::cast_slice(&params),
         grid,
     )?;
