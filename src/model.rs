@@ -385,11 +385,13 @@ impl Model {
             .optimizer
             .as_mut()
             .ok_or_else(|| model_err("call configure first"))?;
-        let mut trainables: Vec<_> = self
-            .layers
-            .iter_mut()
-            .flat_map(|l| l.trainables())
-            .collect();
+        let mut counts = Vec::with_capacity(self.layers.len());
+        let mut trainables = Vec::new();
+        for layer in &mut self.layers {
+            let mine = layer.trainables();
+            counts.push(mine.len());
+            trainables.extend(mine);
+        }
         let mut params: Vec<Param> = trainables
             .iter_mut()
             .map(|t| Param {
@@ -403,6 +405,16 @@ impl Model {
         optimizer.step(&mut params)?;
         drop(params);
         drop(trainables);
+        // The next backward writes the gradients where the optimizer reads them.
+        if let Some(mut outputs) = optimizer.grad_outputs() {
+            for (layer, &count) in self.layers.iter_mut().zip(&counts) {
+                let (mine, rest) = outputs.split_at(count);
+                if count > 0 {
+                    layer.set_grad_outputs(mine.to_vec());
+                }
+                outputs = rest;
+            }
+        }
         for layer in &mut self.layers {
             layer.params_updated();
             layer.end_step();

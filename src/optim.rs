@@ -3,10 +3,12 @@
 //!
 //! On the GPU the first step packs the parameters into one buffer and hands
 //! each layer a view of its segment (segments start at binding-aligned
-//! offsets); from then on one dispatch updates them all in place, and only
-//! the gradients are copied into a packed buffer each step (copies are
-//! commands, not kernels). A parameter replaced since (a loaded checkpoint) is
-//! copied into its segment on the next step. Each parameter carries its own
+//! offsets); from then on one dispatch updates them all in place. Gradients
+//! get a packed buffer of the same layout: [`Adam::grad_outputs`] are views of
+//! it that a model's layers write their gradients into, so a settled step
+//! copies nothing. A parameter or gradient that is not its view (the first
+//! step, a loaded checkpoint, a caller's own tensors) is copied into its
+//! segment (copies are commands, not kernels). Each parameter carries its own
 //! L1/L2 coefficients and whether weight decay applies to it (BatchNorm's
 //! parameters are excluded).
 
@@ -79,6 +81,8 @@ struct Moments {
     segments: Option<Tensor>,
     /// The packed parameters on the GPU and a view of each one's segment.
     packed: Option<(Tensor, Vec<Tensor>)>,
+    /// The packed gradients on the GPU, laid out as the parameters, and views.
+    packed_grads: Option<(Tensor, Vec<Tensor>)>,
 }
 
 impl Adam {
@@ -106,6 +110,18 @@ impl Adam {
     /// Steps taken so far.
     pub fn steps(&self) -> u32 {
         self.steps
+    }
+
+    /// On the GPU, after the first step: where the parameters' gradients
+    /// should be written for the next steps, in the order the step took the
+    /// parameters (views of the packed gradient buffer, which the step then
+    /// reads without a copy).
+    pub fn grad_outputs(&self) -> Option<&[Tensor]> {
+        let moments = self.moments.as_ref()?;
+        moments
+            .packed_grads
+            .as_ref()
+            .map(|(_, views)| views.as_slice())
     }
 
     /// Updates every parameter from its gradient; all must be f32 on one device.
@@ -160,6 +176,7 @@ impl Adam {
                     v: zeros()?,
                     segments: None,
                     packed: None,
+                    packed_grads: None,
                 });
             }
         }
@@ -315,6 +332,7 @@ fn step_gpu(
     if moments.packed.is_none() {
         let shapes: Vec<Shape> = params.iter().map(|p| p.value.shape().clone()).collect();
         moments.packed = Some(Tensor::gpu_views(ctx, &shapes)?);
+        moments.packed_grads = Some(Tensor::gpu_views(ctx, &shapes)?);
     }
     let (flat_params, views) = moments.packed.as_ref().expect("packed above");
     // Each parameter should be its own view; one that is not (the first step,
@@ -328,11 +346,13 @@ fn step_gpu(
             *p.value = views[i].clone();
         }
     }
-    let flat_grads = Tensor::uninit_gpu(ctx, Shape::new([total])?, DType::F32)?;
+    let (flat_grads, _) = moments.packed_grads.as_ref().expect("packed above");
     for (i, p) in params.iter().enumerate() {
-        let (src, dst) = (gpu_buf(p.grad), gpu_buf(&flat_grads));
-        let bytes = p.grad.numel() as u64 * 4;
-        ctx.copy_buffer_region(src.buffer, src.offset, dst.buffer, byte_offset(i), bytes);
+        if !p.grad.is_view_at(flat_grads, byte_offset(i)) {
+            let (src, dst) = (gpu_buf(p.grad), gpu_buf(flat_grads));
+            let bytes = p.grad.numel() as u64 * 4;
+            ctx.copy_buffer_region(src.buffer, src.offset, dst.buffer, byte_offset(i), bytes);
+        }
     }
     let seg_tensor = match &moments.segments {
         Some(t) => t.clone(),
@@ -367,7 +387,7 @@ fn step_gpu(
         "adam",
         &*pipeline(ctx, "adam", ADAM)?,
         &[
-            gpu_buf(&flat_grads),
+            gpu_buf(flat_grads),
             gpu_buf(flat_params),
             gpu_buf(&moments.m),
             gpu_buf(&moments.v),

@@ -382,6 +382,32 @@ impl Tensor {
         }
     }
 
+    /// Checks that this tensor can take a kernel's f32 output of `dims` computed
+    /// from `input`: a GPU tensor on `input`'s device, F32, with exactly `dims`.
+    pub(crate) fn expect_output_for(
+        &self,
+        op: &'static str,
+        dims: &[usize],
+        input: &Tensor,
+    ) -> Result<()> {
+        self.expect_dtype(op, DType::F32)?;
+        if self.dims() != dims {
+            return Err(AetherError::ShapeMismatch {
+                op,
+                expected: dims.to_vec(),
+                actual: self.dims().to_vec(),
+            });
+        }
+        if self.gpu_context().is_none() || !self.device().same_as(&input.device()) {
+            return Err(AetherError::DeviceMismatch {
+                op,
+                a: input.device().name(),
+                b: self.device().name(),
+            });
+        }
+        Ok(())
+    }
+
     fn wrong_dtype(&self, op: &'static str) -> AetherError {
         AetherError::InvalidShape {
             op,

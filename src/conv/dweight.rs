@@ -80,9 +80,25 @@ pub fn conv2d_dweight(
     params: &ConvParams,
     plans: &ConvPlans,
 ) -> Result<(Tensor, Tensor)> {
+    conv2d_dweight_into(x, dy, params, plans, None)
+}
+
+/// [`conv2d_dweight`]; on the GPU, writing `dW` and `dbias` into `outputs`
+/// when given (a layer's segments of the optimizer's packed gradients).
+pub(crate) fn conv2d_dweight_into(
+    x: &Tensor,
+    dy: &Tensor,
+    params: &ConvParams,
+    plans: &ConvPlans,
+    outputs: Option<&(Tensor, Tensor)>,
+) -> Result<(Tensor, Tensor)> {
     let meta = ConvShapeMeta::new(x.shape().nhwc("conv2d_dweight input")?, params)?;
     expect_dims("conv2d_dweight dvalues", dy, &meta.output_dims())?;
     same_device("conv2d_dweight", &[x, dy])?;
+    if let Some((dw, db)) = outputs {
+        dw.expect_output_for("conv2d_dweight dW output", &meta.weight_dims(), x)?;
+        db.expect_output_for("conv2d_dweight dbias output", &[meta.c_out], x)?;
+    }
     let Some(ctx) = x.gpu_context() else {
         let (dw, db) = dweight_cpu(&meta, &host_values(x)?, &host_values(dy)?);
         let device = x.device();
@@ -147,8 +163,13 @@ pub fn conv2d_dweight(
         bytemuck::cast_slice(&[meta.n as u32, slice_len as u32]),
         plan.workgroups,
     )?;
-    let dw = Tensor::uninit_gpu(ctx, Shape::new(meta.weight_dims())?, DType::F32)?;
-    let db = Tensor::uninit_gpu(ctx, Shape::new([meta.c_out])?, DType::F32)?;
+    let (dw, db) = match outputs {
+        Some((dw, db)) => (dw.clone(), db.clone()),
+        None => (
+            Tensor::uninit_gpu(ctx, Shape::new(meta.weight_dims())?, DType::F32)?,
+            Tensor::uninit_gpu(ctx, Shape::new([meta.c_out])?, DType::F32)?,
+        ),
+    };
     // REDUCE_OUTPUTS outputs per workgroup: a "grid row" is `row_stride` workgroups.
     let (grid, row_stride) = flat_grid(
         per_slice.div_ceil(REDUCE_OUTPUTS),

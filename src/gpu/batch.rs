@@ -47,6 +47,7 @@ pub(crate) struct Batch {
     /// Uniform parameter buffers the recorded dispatches read; released after submission.
     params: Vec<PooledBuffer>,
     dispatches: usize,
+    copies: usize,
     timer: Option<Timer>,
     submissions: usize,
 }
@@ -180,7 +181,9 @@ impl GpuContext {
         dst_offset: u64,
         bytes: u64,
     ) {
-        self.batch()
+        let mut batch = self.batch();
+        batch.copies += 1;
+        batch
             .encoder(|| self.new_encoder())
             .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
     }
@@ -204,6 +207,12 @@ impl GpuContext {
     /// Dispatches recorded since the context was created.
     pub fn dispatch_count(&self) -> usize {
         self.batch().dispatches
+    }
+
+    /// Buffer-to-buffer copies recorded since the context was created (each
+    /// one a command with barriers of its own, outside the compute pass).
+    pub fn copy_count(&self) -> usize {
+        self.batch().copies
     }
 
     /// Names the dispatches recorded from now on inside a [`GpuContext::timed`]

@@ -8,7 +8,7 @@ use super::init::he_normal;
 use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc};
 use crate::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
-    conv2d_dinput, conv2d_dweight, conv2d_forward,
+    conv2d_dinput, conv2d_forward, dweight::conv2d_dweight_into,
 };
 use crate::device::Device;
 use crate::error::{AetherError, Result};
@@ -28,6 +28,8 @@ pub struct Conv2d {
     weights: Option<ConvWeights>,
     input: Option<Tensor>,
     grads: Option<(Tensor, Tensor)>,
+    /// Where the backward writes `(dW, dbias)` (see `Layer::set_grad_outputs`).
+    grad_outputs: Option<(Tensor, Tensor)>,
     plans: ConvPlans,
 }
 
@@ -53,6 +55,7 @@ impl Conv2d {
             weights: None,
             input: None,
             grads: None,
+            grad_outputs: None,
             plans: ConvPlans::new(),
         }
     }
@@ -168,7 +171,13 @@ impl Layer for Conv2d {
         } else {
             (dy.clone(), x)
         };
-        self.grads = Some(conv2d_dweight(&x, &dy, &params, &self.plans)?);
+        self.grads = Some(conv2d_dweight_into(
+            &x,
+            &dy,
+            &params,
+            &self.plans,
+            self.grad_outputs.as_ref(),
+        )?);
         if !need_dx {
             return Ok(None);
         }
@@ -245,6 +254,12 @@ impl Layer for Conv2d {
     fn params_updated(&mut self) {
         if let Some(w) = &mut self.weights {
             w.kernel_f16 = None;
+        }
+    }
+
+    fn set_grad_outputs(&mut self, outputs: Vec<Tensor>) {
+        if let Ok([dw, db]) = <[Tensor; 2]>::try_from(outputs) {
+            self.grad_outputs = Some((dw, db));
         }
     }
 
@@ -348,6 +363,10 @@ impl Layer for Dense {
 
     fn params_updated(&mut self) {
         self.conv.params_updated();
+    }
+
+    fn set_grad_outputs(&mut self, outputs: Vec<Tensor>) {
+        self.conv.set_grad_outputs(outputs);
     }
 
     fn end_step(&mut self) {

@@ -209,6 +209,12 @@ pub trait Layer: Send {
     /// Called after the optimizer replaced the parameters (refreshes f16 shadows).
     fn params_updated(&mut self) {}
 
+    /// Where later backward passes write this layer's parameter gradients, in
+    /// the order of [`Layer::trainables`]: on the GPU, the layer's segments of
+    /// the optimizer's packed gradient buffer, so the optimizer copies none.
+    /// Layers without parameters ignore it.
+    fn set_grad_outputs(&mut self, _outputs: Vec<Tensor>) {}
+
     /// Called at the end of a training step: drops what the forward kept for
     /// the backward and the step's gradients. The next step then starts from
     /// the layer's lasting state alone, so it is handed the same pooled

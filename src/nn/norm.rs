@@ -5,8 +5,8 @@ use super::{Layer, LayerSpec, Mode, Trainable, cached};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::batchnorm::{
-    BatchNormStats, RunningStats, batch_norm_backward, batch_norm_inference,
-    batch_norm_relu_backward, batch_norm_relu_inference, batch_norm_train_running,
+    BatchNormStats, RunningStats, backward_into, batch_norm_inference, batch_norm_relu_inference,
+    batch_norm_train_running,
 };
 use crate::tensor::Tensor;
 
@@ -20,6 +20,8 @@ pub struct BatchNorm {
     /// Input, batch statistics and, with the fused ReLU, the output it gates by.
     cache: Option<(Tensor, BatchNormStats, Option<Tensor>)>,
     grads: Option<(Tensor, Tensor)>,
+    /// Where the backward writes `(dgamma, dbeta)` (see `Layer::set_grad_outputs`).
+    grad_outputs: Option<(Tensor, Tensor)>,
 }
 
 struct NormState {
@@ -38,6 +40,7 @@ impl BatchNorm {
             relu: false,
             cache: None,
             grads: None,
+            grad_outputs: None,
         }
     }
 
@@ -110,6 +113,12 @@ impl Layer for BatchNorm {
         Ok(y)
     }
 
+    fn set_grad_outputs(&mut self, outputs: Vec<Tensor>) {
+        if let Ok([dgamma, dbeta]) = <[Tensor; 2]>::try_from(outputs) {
+            self.grad_outputs = Some((dgamma, dbeta));
+        }
+    }
+
     fn end_step(&mut self) {
         (self.cache, self.grads) = (None, None);
     }
@@ -119,10 +128,8 @@ impl Layer for BatchNorm {
             return cached(&None, "BatchNorm::backward").map(|_| None);
         };
         let gamma = &self.state()?.gamma;
-        let (dx, dgamma, dbeta) = match relu_y {
-            Some(y) => batch_norm_relu_backward(dy, y, x, gamma, stats)?,
-            None => batch_norm_backward(dy, x, gamma, stats)?,
-        };
+        let outputs = self.grad_outputs.as_ref();
+        let (dx, dgamma, dbeta) = backward_into(dy, x, gamma, stats, relu_y.as_ref(), outputs)?;
         self.grads = Some((dgamma, dbeta));
         Ok(need_dx.then_some(dx))
     }

@@ -154,7 +154,15 @@ fn train(
         layout,
         false,
     )?;
-    let ([mean, inv_std], new) = finalize(ctx, &moments, layout, Finish::MeanInvStd, eps, running)?;
+    let ([mean, inv_std], new) = finalize(
+        ctx,
+        &moments,
+        layout,
+        Finish::MeanInvStd,
+        eps,
+        running,
+        None,
+    )?;
     let y = normalize_gpu(ctx, x, [&mean, &inv_std], [gamma, beta], None, relu)?;
     Ok((y, BatchNormStats { mean, inv_std }, new))
 }
@@ -319,7 +327,7 @@ pub fn batch_norm_backward(
     gamma: &Tensor,
     stats: &BatchNormStats,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    backward(dy, x, gamma, stats, None)
+    backward_into(dy, x, gamma, stats, None, None)
 }
 
 /// The backward of [`batch_norm_relu_train`], whose output was `y`: `dy` is
@@ -333,15 +341,19 @@ pub fn batch_norm_relu_backward(
     gamma: &Tensor,
     stats: &BatchNormStats,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    backward(dy, x, gamma, stats, Some(y))
+    backward_into(dy, x, gamma, stats, Some(y), None)
 }
 
-fn backward(
+/// [`batch_norm_backward`] (with `relu_output`: [`batch_norm_relu_backward`]);
+/// on the GPU, writing `(dgamma, dbeta)` into `outputs` when given (a layer's
+/// segments of the optimizer's packed gradients).
+pub(crate) fn backward_into(
     dy: &Tensor,
     x: &Tensor,
     gamma: &Tensor,
     stats: &BatchNormStats,
     relu_output: Option<&Tensor>,
+    outputs: Option<&(Tensor, Tensor)>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "batch_norm_backward";
     let layout = Layout::of(OP, x)?;
@@ -355,6 +367,10 @@ fn backward(
     }
     require_channel_vectors(OP, layout.channels, &[gamma, &stats.mean, &stats.inv_std])?;
     same_device(OP, &[dy, x, gamma, &stats.mean, &stats.inv_std])?;
+    if let Some((dgamma, dbeta)) = outputs {
+        dgamma.expect_output_for("batch_norm_backward dgamma output", &[layout.channels], x)?;
+        dbeta.expect_output_for("batch_norm_backward dbeta output", &[layout.channels], x)?;
+    }
     if let Some(y) = relu_output {
         require_f32(OP, y)?;
         if y.dims() != x.dims() {
@@ -367,7 +383,7 @@ fn backward(
         same_device(OP, &[dy, y])?;
         if y.host_f32().is_some() {
             // The CPU path takes ReLU's gradient first, then the plain backward.
-            return backward(&relu_backward(y, dy)?, x, gamma, stats, None);
+            return backward_into(&relu_backward(y, dy)?, x, gamma, stats, None, None);
         }
     }
     if let (Some(dys), Some(xs), Some(g), Some(mean), Some(inv_std)) = (
@@ -396,7 +412,8 @@ fn backward(
         layout,
         relu_output.is_some(),
     )?;
-    let ([dbeta, dgamma], _) = finalize(ctx, &sums, layout, Finish::Sums, 0.0, None)?;
+    let into = outputs.map(|(dgamma, dbeta)| [dbeta, dgamma]);
+    let ([dbeta, dgamma], _) = finalize(ctx, &sums, layout, Finish::Sums, 0.0, None, into)?;
     let lanes = Lanes::of(layout);
     let pipeline = lanes.pipeline(ctx, "batchnorm_backward_dx", &[BACKWARD_DX_SHADER])?;
     let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
@@ -723,8 +740,9 @@ fn partial_sums(
 }
 
 /// Records the second reduction pass: per channel (one workgroup each), both
-/// partials summed in a fixed order and finished as `finish` says; with
-/// `running` (and its unbiased-variance scale), the new running statistics too.
+/// partials summed in a fixed order and finished as `finish` says, into
+/// `outputs` when given; with `running` (and its unbiased-variance scale), the
+/// new running statistics too.
 fn finalize(
     ctx: &Arc<GpuContext>,
     [partial_a, partial_b]: &[Tensor; 2],
@@ -732,10 +750,14 @@ fn finalize(
     finish: Finish,
     eps: f32,
     running: Option<(RunningStats<'_>, f32)>,
+    outputs: Option<[&Tensor; 2]>,
 ) -> Result<([Tensor; 2], Option<NewRunning>)> {
     let pipeline = pipeline(ctx, "batchnorm_finalize", || FINALIZE_SHADER.into())?;
     let out = || Tensor::uninit_gpu(ctx, Shape::new([layout.channels])?, DType::F32);
-    let (out_a, out_b) = (out()?, out()?);
+    let (out_a, out_b) = match outputs {
+        Some([a, b]) => (a.clone(), b.clone()),
+        None => (out()?, out()?),
+    };
     let new = match running {
         Some(_) => Some((out()?, out()?)),
         None => None,
