@@ -405,18 +405,26 @@ impl Model {
         optimizer.step(&mut params)?;
         drop(params);
         drop(trainables);
-        // The next backward writes the gradients where the optimizer reads them.
-        if let Some(mut outputs) = optimizer.grad_outputs() {
-            for (layer, &count) in self.layers.iter_mut().zip(&counts) {
-                let (mine, rest) = outputs.split_at(count);
-                if count > 0 {
-                    layer.set_grad_outputs(mine.to_vec());
-                }
-                outputs = rest;
-            }
-        }
         for layer in &mut self.layers {
             layer.params_updated();
+        }
+        // The next backward writes the gradients where the optimizer reads them,
+        // and the next forward takes the f16 weights the optimizer wrote.
+        let mut hand_out = |views: Option<&[Tensor]>, give: fn(&mut dyn Layer, Vec<Tensor>)| {
+            let Some(mut views) = views else {
+                return;
+            };
+            for (layer, &count) in self.layers.iter_mut().zip(&counts) {
+                let (mine, rest) = views.split_at(count);
+                if count > 0 {
+                    give(layer.as_mut(), mine.to_vec());
+                }
+                views = rest;
+            }
+        };
+        hand_out(optimizer.grad_outputs(), |l, v| l.set_grad_outputs(v));
+        hand_out(optimizer.param_shadows(), |l, v| l.set_param_shadows(v));
+        for layer in &mut self.layers {
             layer.end_step();
         }
         self.step += 1;

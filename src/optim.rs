@@ -6,7 +6,9 @@
 //! offsets); from then on one dispatch updates them all in place. Gradients
 //! get a packed buffer of the same layout: [`Adam::grad_outputs`] are views of
 //! it that a model's layers write their gradients into, so a settled step
-//! copies nothing. A parameter or gradient that is not its view (the first
+//! copies nothing. Where the adapter has f16, the step also writes each
+//! updated parameter as f16 into a packed mirror ([`Adam::param_shadows`]),
+//! which the conv layers take as their f16 weight operand instead of casting. A parameter or gradient that is not its view (the first
 //! step, a loaded checkpoint, a caller's own tensors) is copied into its
 //! segment (copies are commands, not kernels). Each parameter carries its own
 //! L1/L2 coefficients and whether weight decay applies to it (BatchNorm's
@@ -23,7 +25,16 @@ use crate::tensor::{DType, Shape, Tensor, view_offsets};
 
 const ADAM: &str = concat!(
     include_str!("../shaders/optim/segments.wgsl"),
+    include_str!("../shaders/optim/adam_update.wgsl"),
     include_str!("../shaders/optim/adam.wgsl")
+);
+/// The Adam step that also writes the f16 mirror of the parameters.
+const ADAM_F16: &str = concat!(
+    "enable f16;\n",
+    include_str!("../shaders/conv/f16_bits.wgsl"),
+    include_str!("../shaders/optim/segments.wgsl"),
+    include_str!("../shaders/optim/adam_update.wgsl"),
+    include_str!("../shaders/optim/adam_f16.wgsl")
 );
 const REGULARIZATION: &str = concat!(
     include_str!("../shaders/optim/segments.wgsl"),
@@ -83,6 +94,8 @@ struct Moments {
     packed: Option<(Tensor, Vec<Tensor>)>,
     /// The packed gradients on the GPU, laid out as the parameters, and views.
     packed_grads: Option<(Tensor, Vec<Tensor>)>,
+    /// The parameters' f16 mirror on an adapter with f16, laid out alike, and views.
+    packed_f16: Option<(Tensor, Vec<Tensor>)>,
 }
 
 impl Adam {
@@ -120,6 +133,17 @@ impl Adam {
         let moments = self.moments.as_ref()?;
         moments
             .packed_grads
+            .as_ref()
+            .map(|(_, views)| views.as_slice())
+    }
+
+    /// On a GPU with f16, after a step: each parameter as the step left it,
+    /// rounded to f16, in the order the step took the parameters (views of the
+    /// packed mirror the step writes). Valid until a parameter is replaced.
+    pub fn param_shadows(&self) -> Option<&[Tensor]> {
+        let moments = self.moments.as_ref()?;
+        moments
+            .packed_f16
             .as_ref()
             .map(|(_, views)| views.as_slice())
     }
@@ -162,9 +186,6 @@ impl Adam {
                         let shapes: Vec<Shape> =
                             params.iter().map(|p| p.value.shape().clone()).collect();
                         view_offsets(ctx, &shapes)
-                            .into_iter()
-                            .map(|bytes| (bytes / 4) as usize)
-                            .collect()
                     }
                 };
                 let total = *offsets.last().expect("offsets end with the total");
@@ -177,6 +198,7 @@ impl Adam {
                     segments: None,
                     packed: None,
                     packed_grads: None,
+                    packed_f16: None,
                 });
             }
         }
@@ -331,8 +353,11 @@ fn step_gpu(
     let byte_offset = |i: usize| offsets[i] as u64 * 4;
     if moments.packed.is_none() {
         let shapes: Vec<Shape> = params.iter().map(|p| p.value.shape().clone()).collect();
-        moments.packed = Some(Tensor::gpu_views(ctx, &shapes)?);
-        moments.packed_grads = Some(Tensor::gpu_views(ctx, &shapes)?);
+        moments.packed = Some(Tensor::gpu_views(ctx, &shapes, DType::F32)?);
+        moments.packed_grads = Some(Tensor::gpu_views(ctx, &shapes, DType::F32)?);
+        if ctx.caps().shader_f16 {
+            moments.packed_f16 = Some(Tensor::gpu_views(ctx, &shapes, DType::F16)?);
+        }
     }
     let (flat_params, views) = moments.packed.as_ref().expect("packed above");
     // Each parameter should be its own view; one that is not (the first step,
@@ -383,16 +408,35 @@ fn step_gpu(
         eps.to_bits(),
         decay_lr.to_bits(),
     ];
+    // Should the mirror's kernel fail to compile (the cache has warned), the
+    // step runs without it and the layers cast their weights themselves.
+    let mirror_kernel = moments.packed_f16.as_ref().and_then(|_| {
+        ctx.pipelines()
+            .get_or_create(&PipelineKey::new("adam", "f16_mirror"), "main", || {
+                ADAM_F16.into()
+            })
+    });
+    if mirror_kernel.is_none() {
+        moments.packed_f16 = None;
+    }
+    let mut buffers = vec![
+        gpu_buf(flat_grads),
+        gpu_buf(flat_params),
+        gpu_buf(&moments.m),
+        gpu_buf(&moments.v),
+        gpu_buf(&seg_tensor),
+    ];
+    let kernel = match (mirror_kernel, &moments.packed_f16) {
+        (Some(kernel), Some((mirror, _))) => {
+            buffers.push(gpu_buf(mirror));
+            kernel
+        }
+        _ => pipeline(ctx, "adam", ADAM)?,
+    };
     ctx.dispatch(
         "adam",
-        &*pipeline(ctx, "adam", ADAM)?,
-        &[
-            gpu_buf(flat_grads),
-            gpu_buf(flat_params),
-            gpu_buf(&moments.m),
-            gpu_buf(&moments.v),
-            gpu_buf(&seg_tensor),
-        ],
+        &kernel,
+        &buffers,
         bytemuck::cast_slice(&uniform),
         grid,
     )

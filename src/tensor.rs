@@ -252,14 +252,19 @@ impl Tensor {
         })
     }
 
-    /// One new GPU buffer holding f32 tensors of `shapes` end to end, each at an
-    /// offset aligned for a storage binding: the whole buffer as a flat tensor,
+    /// One new GPU buffer holding `dtype` tensors of `shapes` end to end, at the
+    /// element offsets of [`view_offsets`]: the whole buffer as a flat tensor,
     /// and a view of each segment. The views share the buffer: a kernel writing
     /// the flat tensor changes them.
-    pub(crate) fn gpu_views(ctx: &Arc<GpuContext>, shapes: &[Shape]) -> Result<(Self, Vec<Self>)> {
+    pub(crate) fn gpu_views(
+        ctx: &Arc<GpuContext>,
+        shapes: &[Shape],
+        dtype: DType,
+    ) -> Result<(Self, Vec<Self>)> {
         let offsets = view_offsets(ctx, shapes);
-        let total = (offsets.last().copied().unwrap_or(0) / 4) as usize;
-        let flat = Self::uninit_gpu(ctx, Shape::new([total])?, DType::F32)?;
+        let total = offsets.last().copied().unwrap_or(0);
+        let flat = Self::uninit_gpu(ctx, Shape::new([total])?, dtype)?;
+        let bytes = |elements: usize| (elements * dtype.size_bytes()) as u64;
         let Storage::Gpu(range) = &flat.storage else {
             unreachable!("uninit_gpu gives GPU storage")
         };
@@ -268,11 +273,11 @@ impl Tensor {
             .zip(offsets.windows(2))
             .map(|(shape, ends)| Self {
                 shape: shape.clone(),
-                dtype: DType::F32,
+                dtype,
                 storage: Storage::Gpu(GpuRange {
                     storage: Arc::clone(&range.storage),
-                    offset: ends[0],
-                    size: ends[1] - ends[0],
+                    offset: bytes(ends[0]),
+                    size: bytes(ends[1] - ends[0]),
                 }),
             })
             .collect();
@@ -465,15 +470,16 @@ impl Tensor {
     }
 }
 
-/// Byte offsets of f32 tensors of `shapes` packed end to end, each segment
-/// rounded up to a multiple of 256 bytes (the pool's granule) and of the
-/// adapter's storage-binding offset alignment; the last entry is the total.
-pub(crate) fn view_offsets(ctx: &GpuContext, shapes: &[Shape]) -> Vec<u64> {
-    let align = u64::from(ctx.caps().limits.min_storage_buffer_offset_alignment).max(256);
+/// Element offsets of tensors of `shapes` packed end to end, then the total.
+/// Each segment is rounded up so that, in f16 and in f32 alike, every offset
+/// is a multiple of 256 bytes (the pool's granule) and of the adapter's
+/// storage-binding offset alignment.
+pub(crate) fn view_offsets(ctx: &GpuContext, shapes: &[Shape]) -> Vec<usize> {
+    let align = (ctx.caps().limits.min_storage_buffer_offset_alignment as usize).max(256);
+    let unit = align / DType::F16.size_bytes();
     let mut offsets = vec![0];
     for shape in shapes {
-        let end = offsets.last().copied().unwrap_or(0)
-            + (shape.numel() as u64 * 4).div_ceil(align) * align;
+        let end = offsets.last().copied().unwrap_or(0) + shape.numel().div_ceil(unit) * unit;
         offsets.push(end);
     }
     offsets

@@ -262,3 +262,61 @@ fn a_step_is_one_fused_dispatch() {
         "one fused kernel for all parameters"
     );
 }
+
+/// On an adapter with f16, the step's f16 mirror of each parameter (what the
+/// conv layers take as their weight operand) has exactly the bits `cast_f16`
+/// gives the updated parameter, gaps between the packed segments included.
+#[test]
+fn the_f16_mirror_matches_cast_f16_of_the_updated_parameters() {
+    let Some(device) = common::gpu() else {
+        return;
+    };
+    if !device.gpu_context().unwrap().caps().shader_f16 {
+        return;
+    }
+    let mut rng = Rng::fresh();
+    let mut values: Vec<Tensor> = LAYOUT
+        .iter()
+        .map(|&(n, ..)| Tensor::from_f32(vec![n], rng.vec(n), &device).unwrap())
+        .collect();
+    let mut adam = Adam::new(1e-2);
+    for _ in 0..2 {
+        let grads: Vec<Tensor> = LAYOUT
+            .iter()
+            .map(|&(n, ..)| Tensor::from_f32(vec![n], rng.vec(n), &device).unwrap())
+            .collect();
+        let mut params: Vec<Param> = values
+            .iter_mut()
+            .zip(&grads)
+            .map(|(value, grad)| Param {
+                value,
+                grad,
+                l1: 0.0,
+                l2: 0.0,
+                decays: true,
+            })
+            .collect();
+        adam.step(&mut params).unwrap();
+    }
+    let shadows = adam
+        .param_shadows()
+        .expect("an f16 mirror on an f16 adapter");
+    assert_eq!(shadows.len(), values.len());
+    for (k, (shadow, value)) in shadows.iter().zip(&values).enumerate() {
+        assert_eq!(shadow.dims(), value.dims());
+        let want = aether::conv::cast_f16(value, false)
+            .unwrap()
+            .to_vec_f16()
+            .unwrap();
+        let got = shadow.to_vec_f16().unwrap();
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "param {k}: mirror differs from cast_f16 (seed {})",
+            rng.seed
+        );
+    }
+}

@@ -1,8 +1,9 @@
 //! Conv2d and Dense (a 1x1 convolution over `[N, 1, 1, in]`), on the conv
-//! kernels. On a GPU whose best conv variant takes f16 operands, the weights'
-//! f16 shadow is cast once after each optimizer step and shared by the forward
-//! and input-gradient kernels, and the backward casts dvalues and the input once
-//! for both gradient kernels.
+//! kernels. On a GPU whose best conv variant takes f16 operands, the forward and
+//! input-gradient kernels share the weights' f16 shadow: the one the optimizer's
+//! step wrote (`Layer::set_param_shadows`), else one cast once (before the first
+//! step, after a load). The backward casts dvalues and the input once for both
+//! gradient kernels.
 
 use super::init::he_normal;
 use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc};
@@ -37,7 +38,8 @@ struct ConvWeights {
     params: ConvParams,
     kernel: Tensor,
     bias: Tensor,
-    /// The kernel as f16 for the f16 variants; `None` until first needed after an update.
+    /// The kernel as f16 for the f16 variants: the optimizer's, or cast when
+    /// first needed; `None` after the kernel changed without a new one.
     kernel_f16: Option<Tensor>,
 }
 
@@ -263,6 +265,16 @@ impl Layer for Conv2d {
         }
     }
 
+    fn set_param_shadows(&mut self, shadows: Vec<Tensor>) {
+        // The kernel's shadow (the first); the bias has no f16 use.
+        if let (Some(w), Some(kernel)) = (self.weights.as_mut(), shadows.into_iter().next())
+            && kernel.dims() == w.kernel.dims()
+            && f16_kernels_first(&w.kernel)
+        {
+            w.kernel_f16 = Some(kernel);
+        }
+    }
+
     fn end_step(&mut self) {
         (self.input, self.grads) = (None, None);
     }
@@ -367,6 +379,10 @@ impl Layer for Dense {
 
     fn set_grad_outputs(&mut self, outputs: Vec<Tensor>) {
         self.conv.set_grad_outputs(outputs);
+    }
+
+    fn set_param_shadows(&mut self, shadows: Vec<Tensor>) {
+        self.conv.set_param_shadows(shadows);
     }
 
     fn end_step(&mut self) {

@@ -215,6 +215,11 @@ pub trait Layer: Send {
     /// Layers without parameters ignore it.
     fn set_grad_outputs(&mut self, _outputs: Vec<Tensor>) {}
 
+    /// The parameters as the optimizer's step left them, rounded to f16, in the
+    /// order of [`Layer::trainables`]: a layer whose kernels take f16 operands
+    /// uses them instead of casting, until it replaces a parameter.
+    fn set_param_shadows(&mut self, _shadows: Vec<Tensor>) {}
+
     /// Called at the end of a training step: drops what the forward kept for
     /// the backward and the step's gradients. The next step then starts from
     /// the layer's lasting state alone, so it is handed the same pooled

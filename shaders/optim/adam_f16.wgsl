@@ -1,0 +1,23 @@
+// The Adam step (adam_update.wgsl) that also writes each updated parameter as
+// f16 into a packed mirror, the operand of the f16 conv kernels, so no cast
+// runs before the next forward. The conversion is conv/f16_bits.wgsl's, so the
+// mirror has the bits `cast_f16` would give. (The source starts with
+// `enable f16;`.)
+
+@group(0) @binding(0) var<storage, read> grads: array<f32>;
+@group(0) @binding(1) var<storage, read_write> params: array<f32>;
+@group(0) @binding(2) var<storage, read_write> m: array<f32>;
+@group(0) @binding(3) var<storage, read_write> v: array<f32>;
+@group(0) @binding(4) var<storage, read> segments: array<Segment>;
+@group(0) @binding(5) var<storage, read_write> params_f16: array<f16>;
+@group(0) @binding(6) var<uniform> step: Params;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x + gid.y * step.row_stride;
+    if (i < step.len && update(i)) {
+        // The f16 value widened exactly to f32, so the final conversion is exact.
+        let bits = f16_bits4(vec4(bitcast<u32>(params[i]))).x;
+        params_f16[i] = f16(unpack2x16float(bits).x);
+    }
+}
