@@ -326,16 +326,26 @@ fn gpu_buf(t: &Tensor) -> GpuSlice<'_> {
     t.gpu_slice().expect("checked to be on the GPU")
 }
 
+/// Records a copy of f32 tensor `t` into `flat` at byte `offset`.
+fn copy_into(ctx: &GpuContext, t: &Tensor, flat: &Tensor, offset: u64) {
+    let (src, dst) = (gpu_buf(t), gpu_buf(flat));
+    ctx.copy_buffer_region(
+        src.buffer,
+        src.offset,
+        dst.buffer,
+        offset,
+        t.numel() as u64 * 4,
+    );
+}
+
 /// Packs `tensors` end to end into one flat f32 tensor with buffer copies.
 fn pack(ctx: &Arc<GpuContext>, tensors: &[&Tensor]) -> Result<Tensor> {
     let total: usize = tensors.iter().map(|t| t.numel()).sum();
     let flat = Tensor::uninit_gpu(ctx, Shape::new([total])?, DType::F32)?;
-    let dst = gpu_buf(&flat);
     let mut offset = 0u64;
     for t in tensors {
-        let (src, bytes) = (gpu_buf(t), t.numel() as u64 * 4);
-        ctx.copy_buffer_region(src.buffer, src.offset, dst.buffer, offset, bytes);
-        offset += bytes;
+        copy_into(ctx, t, &flat, offset);
+        offset += t.numel() as u64 * 4;
     }
     Ok(flat)
 }
@@ -365,18 +375,14 @@ fn step_gpu(
     // by the view.
     for (i, p) in params.iter_mut().enumerate() {
         if !p.value.is_view_at(flat_params, byte_offset(i)) {
-            let (src, dst) = (gpu_buf(p.value), gpu_buf(flat_params));
-            let bytes = p.value.numel() as u64 * 4;
-            ctx.copy_buffer_region(src.buffer, src.offset, dst.buffer, byte_offset(i), bytes);
+            copy_into(ctx, p.value, flat_params, byte_offset(i));
             *p.value = views[i].clone();
         }
     }
     let (flat_grads, _) = moments.packed_grads.as_ref().expect("packed above");
     for (i, p) in params.iter().enumerate() {
         if !p.grad.is_view_at(flat_grads, byte_offset(i)) {
-            let (src, dst) = (gpu_buf(p.grad), gpu_buf(flat_grads));
-            let bytes = p.grad.numel() as u64 * 4;
-            ctx.copy_buffer_region(src.buffer, src.offset, dst.buffer, byte_offset(i), bytes);
+            copy_into(ctx, p.grad, flat_grads, byte_offset(i));
         }
     }
     let seg_tensor = match &moments.segments {

@@ -220,6 +220,29 @@ test_device!(changed_parameter_sizes_are_an_error, |device: &Device| {
     );
 });
 
+/// A random tensor of each [`LAYOUT`] size on `device`.
+fn random_layout(rng: &mut Rng, device: &Device) -> Vec<Tensor> {
+    LAYOUT
+        .iter()
+        .map(|&(n, ..)| Tensor::from_f32(vec![n], rng.vec(n), device).unwrap())
+        .collect()
+}
+
+/// Unregularised, decaying parameters `values` with gradients `grads`.
+fn plain_params<'a>(values: &'a mut [Tensor], grads: &'a [Tensor]) -> Vec<Param<'a>> {
+    values
+        .iter_mut()
+        .zip(grads)
+        .map(|(value, grad)| Param {
+            value,
+            grad,
+            l1: 0.0,
+            l2: 0.0,
+            decays: true,
+        })
+        .collect()
+}
+
 /// The whole step is one kernel, on a private context so other tests' dispatches
 /// do not count.
 #[test]
@@ -234,28 +257,11 @@ fn a_step_is_one_fused_dispatch() {
     .unwrap();
     let ctx = device.gpu_context().unwrap().clone();
     let mut rng = Rng::fresh();
-    let grads: Vec<Tensor> = LAYOUT
-        .iter()
-        .map(|&(n, ..)| Tensor::from_f32(vec![n], rng.vec(n), &device).unwrap())
-        .collect();
-    let mut values: Vec<Tensor> = LAYOUT
-        .iter()
-        .map(|&(n, ..)| Tensor::from_f32(vec![n], rng.vec(n), &device).unwrap())
-        .collect();
+    let grads = random_layout(&mut rng, &device);
+    let mut values = random_layout(&mut rng, &device);
     let mut adam = Adam::new(1e-3);
     let before = ctx.dispatch_count();
-    let mut params: Vec<Param> = values
-        .iter_mut()
-        .zip(&grads)
-        .map(|(value, grad)| Param {
-            value,
-            grad,
-            l1: 0.0,
-            l2: 0.0,
-            decays: true,
-        })
-        .collect();
-    adam.step(&mut params).unwrap();
+    adam.step(&mut plain_params(&mut values, &grads)).unwrap();
     assert_eq!(
         ctx.dispatch_count() - before,
         1,
@@ -265,7 +271,7 @@ fn a_step_is_one_fused_dispatch() {
 
 /// On an adapter with f16, the step's f16 mirror of each parameter (what the
 /// conv layers take as their weight operand) has exactly the bits `cast_f16`
-/// gives the updated parameter, gaps between the packed segments included.
+/// gives the updated parameter.
 #[test]
 fn the_f16_mirror_matches_cast_f16_of_the_updated_parameters() {
     let Some(device) = common::gpu() else {
@@ -275,28 +281,11 @@ fn the_f16_mirror_matches_cast_f16_of_the_updated_parameters() {
         return;
     }
     let mut rng = Rng::fresh();
-    let mut values: Vec<Tensor> = LAYOUT
-        .iter()
-        .map(|&(n, ..)| Tensor::from_f32(vec![n], rng.vec(n), &device).unwrap())
-        .collect();
+    let mut values = random_layout(&mut rng, &device);
     let mut adam = Adam::new(1e-2);
     for _ in 0..2 {
-        let grads: Vec<Tensor> = LAYOUT
-            .iter()
-            .map(|&(n, ..)| Tensor::from_f32(vec![n], rng.vec(n), &device).unwrap())
-            .collect();
-        let mut params: Vec<Param> = values
-            .iter_mut()
-            .zip(&grads)
-            .map(|(value, grad)| Param {
-                value,
-                grad,
-                l1: 0.0,
-                l2: 0.0,
-                decays: true,
-            })
-            .collect();
-        adam.step(&mut params).unwrap();
+        let grads = random_layout(&mut rng, &device);
+        adam.step(&mut plain_params(&mut values, &grads)).unwrap();
     }
     let shadows = adam
         .param_shadows()
