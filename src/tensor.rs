@@ -2,9 +2,10 @@
 //!
 //! A tensor is an immutable value; kernels produce new tensors. Cloning is cheap
 //! (storage is shared). GPU storage comes from the context's buffer pool and goes
-//! back to it when the last clone is dropped. The one exception to immutability
-//! is the optimizer: it packs a model's parameters into one buffer, hands the
-//! layers views of it, and updates them there in place.
+//! back to it when the last clone is dropped. The exception to immutability is
+//! the optimizer's packed buffers (see `crate::optim`): a model's parameters,
+//! their gradients and their f16 mirror each live in one buffer, the layers
+//! hold views of them, and kernels write those views in place every step.
 
 use std::sync::Arc;
 

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::GpuSlice;
 
 /// Entries kept before the cache starts over. A settled v1 training step uses
-/// 84; the bound keeps a long run with changing shapes from growing without end.
+/// 78; the bound keeps a long run with changing shapes from growing without end.
 const CAPACITY: usize = 4096;
 
 type Key = (wgpu::ComputePipeline, Vec<(wgpu::Buffer, u64, u64)>);
