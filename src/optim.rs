@@ -8,11 +8,12 @@
 //! it that a model's layers write their gradients into, so a settled step
 //! copies nothing. Where the adapter has f16, the step also writes each
 //! updated parameter as f16 into a packed mirror ([`Adam::param_shadows`]),
-//! which the conv layers take as their f16 weight operand instead of casting. A parameter or gradient that is not its view (the first
-//! step, a loaded checkpoint, a caller's own tensors) is copied into its
-//! segment (copies are commands, not kernels). Each parameter carries its own
-//! L1/L2 coefficients and whether weight decay applies to it (BatchNorm's
-//! parameters are excluded).
+//! which the conv layers take as their f16 weight operand instead of casting.
+//! A parameter or gradient that is not its view (the first step, a loaded
+//! checkpoint, a caller's own tensors) is copied into its segment (copies are
+//! commands, not kernels). Each parameter carries its own L1/L2 coefficients
+//! and whether weight decay applies to it (BatchNorm's parameters are
+//! excluded).
 
 use std::sync::Arc;
 
@@ -21,7 +22,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
-use crate::tensor::{DType, Shape, Tensor, view_offsets};
+use crate::tensor::{DType, Shape, Tensor, packed_offsets, view_offsets};
 
 const ADAM: &str = concat!(
     include_str!("../shaders/optim/segments.wgsl"),
@@ -176,12 +177,7 @@ impl Adam {
             Some(_) => {}
             None => {
                 let offsets: Vec<usize> = match &device {
-                    Device::Cpu => std::iter::once(0)
-                        .chain(lengths.iter().scan(0, |end, len| {
-                            *end += len;
-                            Some(*end)
-                        }))
-                        .collect(),
+                    Device::Cpu => packed_offsets(lengths.iter().copied(), 1),
                     Device::Gpu(ctx) => {
                         let shapes: Vec<Shape> =
                             params.iter().map(|p| p.value.shape().clone()).collect();
@@ -300,14 +296,7 @@ fn segments(
 /// Segments of tensors packed end to end.
 fn contiguous_segments(items: impl Iterator<Item = (usize, f32, f32, bool)>) -> Vec<Segment> {
     let items: Vec<_> = items.collect();
-    let starts: Vec<usize> = items
-        .iter()
-        .scan(0, |start, item| {
-            let this = *start;
-            *start += item.0;
-            Some(this)
-        })
-        .collect();
+    let starts = packed_offsets(items.iter().map(|&(len, ..)| len), 1);
     segments(items.into_iter(), &starts)
 }
 
@@ -340,12 +329,11 @@ fn copy_into(ctx: &GpuContext, t: &Tensor, flat: &Tensor, offset: u64) {
 
 /// Packs `tensors` end to end into one flat f32 tensor with buffer copies.
 fn pack(ctx: &Arc<GpuContext>, tensors: &[&Tensor]) -> Result<Tensor> {
-    let total: usize = tensors.iter().map(|t| t.numel()).sum();
+    let offsets = packed_offsets(tensors.iter().map(|t| t.numel()), 1);
+    let total = *offsets.last().expect("offsets end with the total");
     let flat = Tensor::uninit_gpu(ctx, Shape::new([total])?, DType::F32)?;
-    let mut offset = 0u64;
-    for t in tensors {
-        copy_into(ctx, t, &flat, offset);
-        offset += t.numel() as u64 * 4;
+    for (t, &offset) in tensors.iter().zip(&offsets) {
+        copy_into(ctx, t, &flat, offset as u64 * 4);
     }
     Ok(flat)
 }

@@ -477,10 +477,18 @@ impl Tensor {
 /// storage-binding offset alignment.
 pub(crate) fn view_offsets(ctx: &GpuContext, shapes: &[Shape]) -> Vec<usize> {
     let align = (ctx.caps().limits.min_storage_buffer_offset_alignment as usize).max(256);
-    let unit = align / DType::F16.size_bytes();
+    packed_offsets(
+        shapes.iter().map(Shape::numel),
+        align / DType::F16.size_bytes(),
+    )
+}
+
+/// Element offsets of segments of `lengths` elements packed end to end, each
+/// rounded up to a multiple of `unit` elements, then the total.
+pub(crate) fn packed_offsets(lengths: impl IntoIterator<Item = usize>, unit: usize) -> Vec<usize> {
     let mut offsets = vec![0];
-    for shape in shapes {
-        let end = offsets.last().copied().unwrap_or(0) + shape.numel().div_ceil(unit) * unit;
+    for len in lengths {
+        let end = offsets.last().copied().unwrap_or(0) + len.div_ceil(unit) * unit;
         offsets.push(end);
     }
     offsets

@@ -4,11 +4,6 @@
 // mirror has the bits `cast_f16` would give. (The source starts with
 // `enable f16;`.)
 
-@group(0) @binding(0) var<storage, read> grads: array<f32>;
-@group(0) @binding(1) var<storage, read_write> params: array<f32>;
-@group(0) @binding(2) var<storage, read_write> m: array<f32>;
-@group(0) @binding(3) var<storage, read_write> v: array<f32>;
-@group(0) @binding(4) var<storage, read> segments: array<Segment>;
 @group(0) @binding(5) var<storage, read_write> params_f16: array<f16>;
 @group(0) @binding(6) var<uniform> step: Params;
 

@@ -5,7 +5,14 @@
 //   m  = b1 * m + (1 - b1) * g;   v = b2 * v + (1 - b2) * g^2
 //   p -= decay_lr * p                         (AdamW: lr * weight_decay; Adam: 0)
 //   p -= lr_t * m / (sqrt(v) + eps)           (lr_t carries the bias correction)
-// The entry points (adam.wgsl, adam_f16.wgsl) declare the bindings.
+// The entry points (adam.wgsl, adam_f16.wgsl) declare the bindings after these
+// five: the uniform `step`, and in adam_f16.wgsl the f16 mirror before it.
+
+@group(0) @binding(0) var<storage, read> grads: array<f32>;
+@group(0) @binding(1) var<storage, read_write> params: array<f32>;
+@group(0) @binding(2) var<storage, read_write> m: array<f32>;
+@group(0) @binding(3) var<storage, read_write> v: array<f32>;
+@group(0) @binding(4) var<storage, read> segments: array<Segment>;
 
 struct Params {
     len: u32,
