@@ -3,7 +3,9 @@
 //! 1x1 / 3x3 / 5x3 / 2x2 filters, stride 1, 2, 3 and (2, 1), same / valid /
 //! explicit padding, dilation, C_in = 3, channels not a multiple of the tile,
 //! M ending mid-tile, batch 1 and 7, and channel counts divisible by 8 (the
-//! coop core's run loads) on every operand, on the input only, on dy only.
+//! coop core's run loads) on every operand, on the input only, on dy only,
+//! and a shape whose blocks lie wholly inside C (stored straight from the
+//! coop core's accumulators).
 //!
 //! Bounds (norm-relative): f32 operands 1e-5; f16 operands 5e-3.
 
@@ -85,6 +87,20 @@ fn cases() -> Vec<Case> {
             name: "3x3 same, tiles end mid-block",
             input: [1, 12, 11, 17],
             params: p(70, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
+        // Blocks wholly inside C (256 rows, 32 channels out): the coop core
+        // stores the forward's tiles straight into C from the bias, at tiles
+        // 8 and 16; dX's too where it is at most 2 tiles wide (C_in 32 at
+        // tile 16, C_in 16 at tile 8).
+        Case {
+            name: "3x3 same, whole blocks stored directly (tile 16)",
+            input: [4, 8, 8, 32],
+            params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
+        Case {
+            name: "3x3 same, whole blocks stored directly (tile 8)",
+            input: [4, 8, 8, 16],
+            params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
         // Channel counts divisible by 8 switch the coop core to run loads.
         Case {

@@ -1,9 +1,12 @@
 // The cooperative-matrix GEMM shared by the three conv directions, with the same
 // contract as portable_gemm.wgsl (gemm_rows, gemm_cols, reduction_range, load_a,
-// load_b, store_c) plus run loads: `load_a_run` / `load_b_run` return 8
+// load_b, store_c) plus run loads: `load_a_run_at` / `load_b_run` return 8
 // consecutive elements along the operand's contiguous axis as a `Run` (two
 // vec4<f16>), so the index arithmetic is done once per 8 elements and a run
-// moves as two 8-byte values. A_RUNS_ALONG_K / B_RUNS_ALONG_K say which axis
+// moves as two 8-byte values. A's index arithmetic may be split further: what
+// depends on the row alone (`a_row`, an `ARow`) is worked out once per thread
+// and slot before the reduction loop, since a thread's A rows never change
+// (the forward does; where that measured slower, an ARow is the row itself). A_RUNS_ALONG_K / B_RUNS_ALONG_K say which axis
 // that is. The host sets RUN_A / RUN_B to 8 when the shape keeps every run
 // inside one contiguous, in-bounds span (channel counts divisible by 8), else 1
 // (element loads, gathered into a Run here).
@@ -25,7 +28,11 @@
 // MMAs. Staged rows are padded by 8 halves (16 bytes): rows stay 16-byte aligned
 // for the matrix loads and successive rows start in different banks. Results go
 // out one tile at a time through a per-subgroup scratch tile, so edge tiles are
-// written with predicated stores only: no access outside any buffer.
+// written with predicated stores only: no access outside any buffer. Where
+// every block lies wholly inside C (C_VIA_SCRATCH false: the host's DirectC),
+// each tile is instead one matrix store straight into C, the accumulators
+// starting from the bias: no scratch, no barrier. (A tile cannot be skipped
+// instead: naga wants matrix loads and stores in uniform control flow.)
 
 override RUN_A: u32;
 override RUN_B: u32;
@@ -49,7 +56,8 @@ const B_SLOTS: u32 = (B_GROUPS + THREADS - 1u) / THREADS;
 
 var<workgroup> stage_a: array<vec4<f16>, select(BK, BM, A_RUNS_ALONG_K) * LDA>;
 var<workgroup> stage_b: array<vec4<f16>, select(BK, BN, B_RUNS_ALONG_K) * LDB>;
-var<workgroup> stage_c: array<f32, SG_M * SG_N * T * LDC>; // one [T][LDC] per subgroup
+// One [T][LDC] scratch tile per subgroup, where C goes out through them.
+var<workgroup> stage_c: array<f32, select(1u, SG_M * SG_N * T * LDC, C_VIA_SCRATCH)>;
 
 // Group g of the A slice: its first element (m, k) within the block.
 fn a_group_origin(g: u32) -> vec2<u32> {
@@ -83,15 +91,24 @@ fn b_slot(k: u32, n: u32) -> u32 {
     return k * LDB + n / 4u;
 }
 
+// The row part of A's addressing for each of this thread's groups.
+fn a_rows_of(z: u32, row0: u32, lidx: u32) -> array<ARow, A_SLOTS> {
+    var a_rows: array<ARow, A_SLOTS>;
+    for (var s = 0u; s < A_SLOTS; s++) {
+        a_rows[s] = a_row(z, row0 + a_group_origin(lidx + s * THREADS).x);
+    }
+    return a_rows;
+}
+
 // Reads this thread's groups of A[row0.., k0..] from global memory.
-fn fetch_a(regs: ptr<function, array<Run, A_SLOTS>>, z: u32, row0: u32, k0: u32, rows: u32, k_end: u32, lidx: u32) {
+fn fetch_a(regs: ptr<function, array<Run, A_SLOTS>>, a_rows: ptr<function, array<ARow, A_SLOTS>>, z: u32, row0: u32, k0: u32, rows: u32, k_end: u32, lidx: u32) {
     for (var s = 0u; s < A_SLOTS; s++) {
         let g = lidx + s * THREADS;
         let o = a_group_origin(g);
         var group = Run();
         if (RUN_A == GROUP) {
             if (g < A_GROUPS && row0 + o.x < rows && k0 + o.y < k_end) {
-                group = load_a_run(z, row0 + o.x, k0 + o.y);
+                group = load_a_run_at(z, (*a_rows)[s], k0 + o.y);
             }
         } else if (g < A_GROUPS) {
             for (var j = 0u; j < GROUP; j++) {
@@ -178,15 +195,16 @@ fn main(
     let sub_row = (sg / SG_N) * TM * T;
     let sub_col = (sg % SG_N) * TN * T;
     // generated: accumulators acc_i_j
+    var a_rows = a_rows_of(z, row0, lidx);
     var regs_a: array<Run, A_SLOTS>;
     var regs_b: array<Run, B_SLOTS>;
-    fetch_a(&regs_a, z, row0, range.x, rows, range.y, lidx);
+    fetch_a(&regs_a, &a_rows, z, row0, range.x, rows, range.y, lidx);
     fetch_b(&regs_b, z, col0, range.x, cols, range.y, lidx);
     for (var k0 = range.x; k0 < range.y; k0 += BK) {
         stage_groups(&regs_a, &regs_b, lidx);
         workgroupBarrier();
         if (k0 + BK < range.y) {
-            fetch_a(&regs_a, z, row0, k0 + BK, rows, range.y, lidx);
+            fetch_a(&regs_a, &a_rows, z, row0, k0 + BK, rows, range.y, lidx);
             fetch_b(&regs_b, z, col0, k0 + BK, cols, range.y, lidx);
         }
         for (var kk = 0u; kk < BK; kk += T) {
@@ -195,5 +213,5 @@ fn main(
         workgroupBarrier();
     }
     let scratch = sg * T * LDC;
-    // generated: per tile, coopStore into scratch, barrier, store_tile, barrier
+    // generated: per tile, coopStore into C, or into scratch, barrier, store_tile, barrier
 }

@@ -123,7 +123,15 @@ fn load_b(z: u32, red: u32, col: u32) -> f32 {
 
 // Runs for the coop core: both operands along the reduction, whose fastest
 // index is the output channel (C_OUT % 8 == 0 keeps a run inside one tap).
-fn load_a_run(z: u32, row: u32, red: u32) -> Run {
+// An ARow is the row itself: working out its input position once per thread
+// measured slower on the H200 than recomputing it (docs/perf-notes.md, entry 41).
+alias ARow = u32;
+
+fn a_row(z: u32, row: u32) -> ARow {
+    return row;
+}
+
+fn load_a_run_at(z: u32, row: ARow, red: u32) -> Run {
     return dy_run(dy_offset(z, row, red));
 }
 
@@ -131,7 +139,17 @@ fn load_b_run(z: u32, red: u32, col: u32) -> Run {
     return w_run(i32(w_offset(z, red, col)));
 }
 
-fn store_c(z: u32, row: u32, col: u32, v: f32) {
+// Where C's element (row, col) lives in `dx`, and the stride between C's rows
+// (the distance between consecutive class rows where the strides are 1).
+fn c_index(z: u32, row: u32, col: u32) -> u32 {
     let p = class_position(z, row);
-    dx[((p.x * H + p.y) * W + p.z) * C_IN + col] = v;
+    return ((p.x * H + p.y) * W + p.z) * C_IN + col;
+}
+
+fn c_row_stride() -> u32 {
+    return C_IN;
+}
+
+fn store_c(z: u32, row: u32, col: u32, v: f32) {
+    dx[c_index(z, row, col)] = v;
 }

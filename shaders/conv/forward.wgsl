@@ -30,15 +30,31 @@ fn load_b(z: u32, red: u32, col: u32) -> f32 {
     return w_at(red * C_OUT + col);
 }
 
-// Runs for the coop core: A along K (channels of a tap), B along C_out.
-fn load_a_run(z: u32, row: u32, red: u32) -> Run {
-    return im2col_run(row, red);
+// Runs for the coop core: A along K (channels of a tap), B along C_out. A row
+// is an output position, fixed for a thread (im2col.wgsl).
+alias ARow = vec3<i32>;
+
+fn a_row(z: u32, row: u32) -> ARow {
+    return im2col_position(row);
+}
+
+fn load_a_run_at(z: u32, a: ARow, red: u32) -> Run {
+    return im2col_run_at(a, red);
 }
 
 fn load_b_run(z: u32, red: u32, col: u32) -> Run {
     return w_run(i32(red * C_OUT + col));
 }
 
+// Where C's element (row, col) lives in `y`, and the stride between C's rows.
+fn c_index(z: u32, row: u32, col: u32) -> u32 {
+    return row * C_OUT + col;
+}
+
+fn c_row_stride() -> u32 {
+    return C_OUT;
+}
+
 fn store_c(z: u32, row: u32, col: u32, v: f32) {
-    y[row * C_OUT + col] = v + bias[col];
+    y[c_index(z, row, col)] = v + bias[col];
 }

@@ -25,9 +25,33 @@ fn im2col(m: u32, k: u32) -> f32 {
     return x_at(u32(offset));
 }
 
-// Elements (m, k .. k + 7) as a run: 8 consecutive input channels of one tap, one
-// index computation. Needs C_IN % 8 == 0 and k % 8 == 0, so the run never
-// crosses a tap and starts at a multiple of 8.
-fn im2col_run(m: u32, k: u32) -> Run {
-    return x_run(im2col_offset(m, k));
+// Runs for the coop core: 8 consecutive input channels of one tap. Needs
+// C_IN % 8 == 0 and k % 8 == 0, so a run never crosses a tap and starts at a
+// multiple of 8. dweight reads one as `x_run(im2col_offset(m, k))`; the
+// forward splits the index arithmetic in two, as its rows (output positions)
+// are fixed for a thread and worked out once (see coop_gemm.wgsl).
+
+// What row m fixes: the offset in `x` of (n, oh * STRIDE_H - PAD_TOP,
+// ow * STRIDE_W - PAD_LEFT), maybe outside the image, and those two
+// coordinates.
+fn im2col_position(m: u32) -> vec3<i32> {
+    let ow = m % W_OUT;
+    let oh = (m / W_OUT) % H_OUT;
+    let n = m / (W_OUT * H_OUT);
+    let ih = i32(oh * STRIDE_H) - i32(PAD_TOP);
+    let iw = i32(ow * STRIDE_W) - i32(PAD_LEFT);
+    return vec3<i32>(((i32(n * H) + ih) * i32(W) + iw) * i32(C_IN), ih, iw);
+}
+
+// The run at `position` and column k, zeros where the tap falls in the padding.
+fn im2col_run_at(position: vec3<i32>, k: u32) -> Run {
+    let c = k % C_IN;
+    let s = (k / C_IN) % S;
+    let r = k / (C_IN * S);
+    let ih = position.y + i32(r * DIL_H);
+    let iw = position.z + i32(s * DIL_W);
+    if (ih < 0 || ih >= i32(H) || iw < 0 || iw >= i32(W)) {
+        return Run();
+    }
+    return x_run(position.x + i32((r * DIL_H * W + s * DIL_W) * C_IN + c));
 }

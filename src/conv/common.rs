@@ -358,6 +358,20 @@ pub(crate) struct GemmRuns {
     /// Whether A's and B's runs go along the reduction axis (else along M / N).
     pub along_k: [bool; 2],
     pub fits: fn(&ConvShapeMeta) -> [bool; 2],
+    /// Where the coop core may store C's tiles straight from its
+    /// accumulators; `None` where C always goes out element by element.
+    pub direct_c: Option<DirectC>,
+}
+
+/// A GEMM kernel whose C the coop core can store a tile at a time, where
+/// every block lies wholly inside C: the binding C lives in, the bias binding
+/// added to it (the forward's), and C's `[rows, cols]` where, at tile `t`, C
+/// is one row-major span (rows `c_row_stride()` apart from `c_index`, WGSL
+/// functions of the kernel) that the kernel stores this way, else `None`.
+pub(crate) struct DirectC {
+    pub c: &'static str,
+    pub bias: Option<&'static str>,
+    pub span: fn(&ConvShapeMeta, usize) -> Option<[usize; 2]>,
 }
 
 /// Elements per run load in the coop core (`GROUP` in coop_gemm.wgsl).
@@ -468,15 +482,25 @@ impl ConvKernel {
             key.source_constants.push(("F32_INPUTS", mask));
         }
         let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
-        let fits = match (&self.gemm, plan.coop) {
+        let (fits, direct_c) = match (&self.gemm, plan.coop) {
             (Some(runs), Some(block)) => {
                 let fits = (runs.fits)(meta);
                 let run = |fits: bool| if fits { GEMM_RUN as u32 } else { 1 };
                 key = key.with("RUN_A", run(fits[0])).with("RUN_B", run(fits[1]));
                 key.source_constants.extend(block.constants(subgroup));
-                fits
+                // Whole blocks only: naga requires the matrix stores in
+                // uniform control flow, so no tile may be skipped.
+                let (bm, bn, _) = block.dims();
+                let direct = (runs.direct_c.as_ref()).filter(|direct| {
+                    (direct.span)(meta, block.tile as usize).is_some_and(|[rows, cols]| {
+                        rows % bm as usize == 0 && cols % bn as usize == 0
+                    })
+                });
+                key.source_constants
+                    .push(("DIRECT_C", u32::from(direct.is_some())));
+                (fits, direct)
             }
-            _ => [false; 2],
+            _ => ([false; 2], None),
         };
         // The source is only built on a cache miss: this runs on every dispatch.
         ctx.pipelines().get_or_create(&key, "main", || {
@@ -497,7 +521,9 @@ impl ConvKernel {
                 parts.push(&readers);
                 parts.extend(self.parts);
                 core = match plan.coop {
-                    Some(block) => Cow::Owned(block.core_source(COOP_GEMM, subgroup, runs.along_k)),
+                    Some(block) => {
+                        Cow::Owned(block.core_source(COOP_GEMM, subgroup, runs.along_k, direct_c))
+                    }
                     None => Cow::Borrowed(PORTABLE_GEMM),
                 };
                 parts.push(&core);

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::common::ConvDirection;
+use super::common::{ConvDirection, DirectC};
 use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
 use crate::gpu::GpuCapabilities;
@@ -235,12 +235,20 @@ impl CoopBlock {
         ]
     }
 
-    /// coop_gemm.wgsl with this block's constants and generated pieces filled in.
     /// The core's WGSL for this block: `template` with the constants and the
     /// generated pieces filled in. `runs_along_k` says, for A and B, whether the
     /// kernel's runs go along the reduction (see coop_gemm.wgsl), which picks
     /// the staged layout and so the matrix loads' row or column order.
-    pub fn core_source(&self, template: &str, subgroup: u32, runs_along_k: [bool; 2]) -> String {
+    /// `direct_c`, where every block of the shape lies wholly inside C, has
+    /// the core store each accumulator tile straight into C (starting from
+    /// the bias, if any), with no scratch tile and no barrier.
+    pub(crate) fn core_source(
+        &self,
+        template: &str,
+        subgroup: u32,
+        runs_along_k: [bool; 2],
+        direct_c: Option<&DirectC>,
+    ) -> String {
         let t = self.tile;
         let mat = format!("coop_mat{t}x{t}");
         let [tm, tn] = self.tiles;
@@ -252,6 +260,7 @@ impl CoopBlock {
         let [a_along_k, b_along_k] = runs_along_k;
         consts += &format!("const A_RUNS_ALONG_K: bool = {a_along_k};\n");
         consts += &format!("const B_RUNS_ALONG_K: bool = {b_along_k};\n");
+        consts += &format!("const C_VIA_SCRATCH: bool = {};\n", direct_c.is_none());
         // A staged [BM][BK] is row-major for the A tile, [BK][BM] column-major;
         // B staged [BK][BN] is row-major for the B tile, [BN][BK] column-major.
         let load = |row_major: bool| if row_major { "coopLoadT" } else { "coopLoad" };
@@ -259,8 +268,17 @@ impl CoopBlock {
         let mut decls = String::new();
         let mut step = String::new();
         let mut stores = String::new();
+        let tile_row = |i| format!("row0 + sub_row + {i}u * T");
+        let tile_col = |j| format!("col0 + sub_col + {j}u * T");
         for (i, j) in tiles() {
-            decls += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
+            decls += &match direct_c.and_then(|direct| direct.bias) {
+                // Stride 0: every row of the tile starts as the same T biases.
+                Some(bias) => format!(
+                    "    var acc_{i}_{j} = coopLoadT<{mat}<f32, C>>(&{bias}[{}], 0u);\n",
+                    tile_col(j)
+                ),
+                None => format!("    var acc_{i}_{j} = {mat}<f32, C>();\n"),
+            };
         }
         for i in 0..tm {
             step += &format!(
@@ -277,13 +295,20 @@ impl CoopBlock {
                 &format!("            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n");
         }
         for (i, j) in tiles() {
-            stores += &format!(
-                "    coopStoreT(acc_{i}_{j}, &stage_c[scratch], LDC);
+            let (row, col) = (tile_row(i), tile_col(j));
+            stores += &match direct_c {
+                Some(direct) => format!(
+                    "    coopStoreT(acc_{i}_{j}, &{c}[c_index(z, {row}, {col})], c_row_stride());\n",
+                    c = direct.c
+                ),
+                None => format!(
+                    "    coopStoreT(acc_{i}_{j}, &stage_c[scratch], LDC);
     workgroupBarrier();
-    store_tile(z, row0 + sub_row + {i}u * T, col0 + sub_col + {j}u * T, rows, cols, scratch, lane);
+    store_tile(z, {row}, {col}, rows, cols, scratch, lane);
     workgroupBarrier();
 "
-            );
+                ),
+            };
         }
         let body = template
             .replace("    // generated: accumulators acc_i_j\n", &decls)
@@ -292,7 +317,7 @@ impl CoopBlock {
                 &step,
             )
             .replace(
-                "    // generated: per tile, coopStore into scratch, barrier, store_tile, barrier\n",
+                "    // generated: per tile, coopStore into C, or into scratch, barrier, store_tile, barrier\n",
                 &stores,
             );
         consts + &body
@@ -313,7 +338,7 @@ mod tests {
             tiles: [3, 2],
             k_tiles: 2,
         };
-        let src = block.core_source(TEMPLATE, 32, [false, false]);
+        let src = block.core_source(TEMPLATE, 32, [false, false], None);
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
         assert!(!src.lines().any(marker), "a marker was left unreplaced");
         assert!(src.contains("var acc_2_1 = coop_mat16x16<f32, C>();"));
@@ -323,6 +348,36 @@ mod tests {
         // A's runs go along M: staged [BK][BM], so its tiles load column-major.
         assert!(src.contains("let a_2 = coopLoad<coop_mat16x16<f16, A>>(&stage_a[a_slot("));
         assert!(src.contains("let b_1 = coopLoadT<coop_mat16x16<f16, B>>(&stage_b[b_slot("));
+    }
+
+    #[test]
+    fn whole_blocks_go_straight_into_c_from_the_bias() {
+        let block = CoopBlock {
+            tile: 16,
+            subgroups: [2, 1],
+            tiles: [1, 2],
+            k_tiles: 2,
+        };
+        let direct = DirectC {
+            c: "y",
+            bias: Some("bias"),
+            span: |_, _| None,
+        };
+        let src = block.core_source(TEMPLATE, 32, [true, false], Some(&direct));
+        assert!(src.contains("const C_VIA_SCRATCH: bool = false;"));
+        assert!(src.contains(
+            "var acc_0_1 = coopLoadT<coop_mat16x16<f32, C>>(&bias[col0 + sub_col + 1u * T], 0u);"
+        ));
+        assert!(src.contains(
+            "coopStoreT(acc_0_1, &y[c_index(z, row0 + sub_row + 0u * T, col0 + sub_col + 1u * T)], c_row_stride());"
+        ));
+        assert!(
+            !src.contains("store_tile(z,"),
+            "no tile goes through scratch"
+        );
+        let scratch = block.core_source(TEMPLATE, 32, [true, false], None);
+        assert!(scratch.contains("const C_VIA_SCRATCH: bool = true;"));
+        assert!(!scratch.contains("&bias["));
     }
 
     #[test]

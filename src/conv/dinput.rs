@@ -5,8 +5,9 @@
 use rayon::prelude::*;
 
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, GEMM_RUN,
-    GemmRuns, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first, same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, DirectC,
+    GEMM_RUN, GemmRuns, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first,
+    same_device,
 };
 use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
 use crate::error::Result;
@@ -20,6 +21,18 @@ const KERNEL: ConvKernel = ConvKernel {
         b: "w",
         along_k: [true, true],
         fits: |m| [m.c_out % GEMM_RUN == 0; 2],
+        // With stride 1 there is one residue class: its rows are dX's pixels.
+        // With stride 1 there is one residue class: its rows are dX's pixels.
+        // Direct stores measured faster on the H200 for dX up to 2 tiles
+        // wide, slower at 4 tiles (docs/perf-notes.md, entry 40).
+        direct_c: Some(DirectC {
+            c: "dx",
+            bias: None,
+            span: |m, t| {
+                ((m.stride_h, m.stride_w) == (1, 1) && m.c_in <= 2 * t)
+                    .then_some([m.n * m.h * m.w, m.c_in])
+            },
+        }),
     }),
     f32_inputs: &[],
 };

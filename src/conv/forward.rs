@@ -3,9 +3,9 @@
 use rayon::prelude::*;
 
 use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, GEMM_RUN,
-    GemmRuns, IM2COL, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first,
-    same_device,
+    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, DirectC,
+    GEMM_RUN, GemmRuns, IM2COL, accepts_operand, buf, expect_dims, gpu_operand, host_values,
+    plan_first, same_device,
 };
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -19,6 +19,13 @@ const KERNEL: ConvKernel = ConvKernel {
         b: "w",
         along_k: [true, false],
         fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
+        direct_c: Some(DirectC {
+            c: "y",
+            bias: Some("bias"),
+            // Measured on the H200 (docs/perf-notes.md, entry 40): direct
+            // stores win up to 128 channels, lose 6% on the 4096-wide GEMM.
+            span: |m, t| (m.c_out < 16 * t).then_some([m.m, m.c_out]),
+        }),
     }),
     f32_inputs: &["x"],
 };
