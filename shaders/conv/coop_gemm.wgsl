@@ -1,12 +1,9 @@
 // The cooperative-matrix GEMM shared by the three conv directions, with the same
 // contract as portable_gemm.wgsl (gemm_rows, gemm_cols, reduction_range, load_a,
-// load_b, store_c) plus run loads: `load_a_run_at` / `load_b_run` return 8
+// load_b, store_c) plus run loads: `load_a_run` / `load_b_run` return 8
 // consecutive elements along the operand's contiguous axis as a `Run` (two
 // vec4<f16>), so the index arithmetic is done once per 8 elements and a run
-// moves as two 8-byte values. A's index arithmetic may be split further: what
-// depends on the row alone (`a_row`, an `ARow`) is worked out once per thread
-// and slot before the reduction loop, since a thread's A rows never change
-// (the forward does; where that measured slower, an ARow is the row itself). A_RUNS_ALONG_K / B_RUNS_ALONG_K say which axis
+// moves as two 8-byte values. A_RUNS_ALONG_K / B_RUNS_ALONG_K say which axis
 // that is. The host sets RUN_A / RUN_B to 8 when the shape keeps every run
 // inside one contiguous, in-bounds span (channel counts divisible by 8), else 1
 // (element loads, gathered into a Run here).
@@ -91,24 +88,15 @@ fn b_slot(k: u32, n: u32) -> u32 {
     return k * LDB + n / 4u;
 }
 
-// The row part of A's addressing for each of this thread's groups.
-fn a_rows_of(z: u32, row0: u32, lidx: u32) -> array<ARow, A_SLOTS> {
-    var a_rows: array<ARow, A_SLOTS>;
-    for (var s = 0u; s < A_SLOTS; s++) {
-        a_rows[s] = a_row(z, row0 + a_group_origin(lidx + s * THREADS).x);
-    }
-    return a_rows;
-}
-
 // Reads this thread's groups of A[row0.., k0..] from global memory.
-fn fetch_a(regs: ptr<function, array<Run, A_SLOTS>>, a_rows: ptr<function, array<ARow, A_SLOTS>>, z: u32, row0: u32, k0: u32, rows: u32, k_end: u32, lidx: u32) {
+fn fetch_a(regs: ptr<function, array<Run, A_SLOTS>>, z: u32, row0: u32, k0: u32, rows: u32, k_end: u32, lidx: u32) {
     for (var s = 0u; s < A_SLOTS; s++) {
         let g = lidx + s * THREADS;
         let o = a_group_origin(g);
         var group = Run();
         if (RUN_A == GROUP) {
             if (g < A_GROUPS && row0 + o.x < rows && k0 + o.y < k_end) {
-                group = load_a_run_at(z, (*a_rows)[s], k0 + o.y);
+                group = load_a_run(z, row0 + o.x, k0 + o.y);
             }
         } else if (g < A_GROUPS) {
             for (var j = 0u; j < GROUP; j++) {
@@ -195,16 +183,15 @@ fn main(
     let sub_row = (sg / SG_N) * TM * T;
     let sub_col = (sg % SG_N) * TN * T;
     // generated: accumulators acc_i_j
-    var a_rows = a_rows_of(z, row0, lidx);
     var regs_a: array<Run, A_SLOTS>;
     var regs_b: array<Run, B_SLOTS>;
-    fetch_a(&regs_a, &a_rows, z, row0, range.x, rows, range.y, lidx);
+    fetch_a(&regs_a, z, row0, range.x, rows, range.y, lidx);
     fetch_b(&regs_b, z, col0, range.x, cols, range.y, lidx);
     for (var k0 = range.x; k0 < range.y; k0 += BK) {
         stage_groups(&regs_a, &regs_b, lidx);
         workgroupBarrier();
         if (k0 + BK < range.y) {
-            fetch_a(&regs_a, &a_rows, z, row0, k0 + BK, rows, range.y, lidx);
+            fetch_a(&regs_a, z, row0, k0 + BK, rows, range.y, lidx);
             fetch_b(&regs_b, z, col0, k0 + BK, cols, range.y, lidx);
         }
         for (var kk = 0u; kk < BK; kk += T) {

@@ -123,15 +123,7 @@ fn load_b(z: u32, red: u32, col: u32) -> f32 {
 
 // Runs for the coop core: both operands along the reduction, whose fastest
 // index is the output channel (C_OUT % 8 == 0 keeps a run inside one tap).
-// An ARow is the row itself: working out its input position once per thread
-// measured slower on the H200 than recomputing it (docs/perf-notes.md, entry 41).
-alias ARow = u32;
-
-fn a_row(z: u32, row: u32) -> ARow {
-    return row;
-}
-
-fn load_a_run_at(z: u32, row: ARow, red: u32) -> Run {
+fn load_a_run(z: u32, row: u32, red: u32) -> Run {
     return dy_run(dy_offset(z, row, red));
 }
 

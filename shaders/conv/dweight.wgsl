@@ -39,16 +39,8 @@ fn load_b(z: u32, red: u32, col: u32) -> f32 {
 }
 
 // Runs for the coop core: A along its rows (channels of a tap, then the row of
-// ones, which starts a run of its own since K % 8 == 0), B along C_out. An
-// ARow is the row itself: working out its tap once per thread measured slower
-// on the H200 than recomputing it (docs/perf-notes.md, entry 41).
-alias ARow = u32;
-
-fn a_row(z: u32, row: u32) -> ARow {
-    return row;
-}
-
-fn load_a_run_at(z: u32, row: ARow, red: u32) -> Run {
+// ones, which starts a run of its own since K % 8 == 0), B along C_out.
+fn load_a_run(z: u32, row: u32, red: u32) -> Run {
     if (row == R * S * C_IN) {
         var ones: Run;
         ones[0][0] = operand(1.0);

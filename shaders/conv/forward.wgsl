@@ -30,16 +30,9 @@ fn load_b(z: u32, red: u32, col: u32) -> f32 {
     return w_at(red * C_OUT + col);
 }
 
-// Runs for the coop core: A along K (channels of a tap), B along C_out. A row
-// is an output position, fixed for a thread (im2col.wgsl).
-alias ARow = vec3<i32>;
-
-fn a_row(z: u32, row: u32) -> ARow {
-    return im2col_position(row);
-}
-
-fn load_a_run_at(z: u32, a: ARow, red: u32) -> Run {
-    return im2col_run_at(a, red);
+// Runs for the coop core: A along K (channels of a tap), B along C_out.
+fn load_a_run(z: u32, row: u32, red: u32) -> Run {
+    return im2col_run_at(im2col_position(row), red);
 }
 
 fn load_b_run(z: u32, red: u32, col: u32) -> Run {

@@ -28,8 +28,9 @@ fn im2col(m: u32, k: u32) -> f32 {
 // Runs for the coop core: 8 consecutive input channels of one tap. Needs
 // C_IN % 8 == 0 and k % 8 == 0, so a run never crosses a tap and starts at a
 // multiple of 8. dweight reads one as `x_run(im2col_offset(m, k))`; the
-// forward splits the index arithmetic in two, as its rows (output positions)
-// are fixed for a thread and worked out once (see coop_gemm.wgsl).
+// forward as `im2col_run_at(im2col_position(m), k)`, the offset split into
+// the output position's and the tap's (measured faster there, and slower for
+// dweight: docs/perf-notes.md, entry 41).
 
 // What row m fixes: the offset in `x` of (n, oh * STRIDE_H - PAD_TOP,
 // ow * STRIDE_W - PAD_LEFT), maybe outside the image, and those two
