@@ -48,9 +48,10 @@ impl CoopBlock {
         self.subgroups[0] * self.subgroups[1]
     }
 
-    /// Workgroup memory the core declares (see coop_gemm.wgsl: A and B slices
-    /// padded by 8 halves along their run axis, one f32 scratch tile per
-    /// subgroup), for the larger padding of either run axis.
+    /// Workgroup memory the core declares at most (see coop_gemm.wgsl: A and
+    /// B slices padded by 8 halves along their run axis, one f32 scratch tile
+    /// per subgroup, which is left out where tiles go straight into C), for
+    /// the larger padding of either run axis.
     pub fn workgroup_bytes(&self) -> u32 {
         let (bm, bn, bk) = self.dims();
         let t = self.tile;

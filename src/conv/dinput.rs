@@ -22,7 +22,6 @@ const KERNEL: ConvKernel = ConvKernel {
         along_k: [true, true],
         fits: |m| [m.c_out % GEMM_RUN == 0; 2],
         // With stride 1 there is one residue class: its rows are dX's pixels.
-        // With stride 1 there is one residue class: its rows are dX's pixels.
         // Direct stores measured faster on the H200 for dX up to 2 tiles
         // wide, slower at 4 tiles (docs/perf-notes.md, entry 40).
         direct_c: Some(DirectC {

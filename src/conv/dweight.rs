@@ -24,7 +24,6 @@ const KERNEL: ConvKernel = ConvKernel {
         b: "dy",
         along_k: [false, false],
         fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
-        // The partial sums have K + 1 rows (the dbias row): never whole tiles.
         // The partial sums have K + 1 rows (the dbias row): never whole blocks.
         direct_c: None,
     }),
