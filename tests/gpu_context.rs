@@ -176,6 +176,52 @@ fn buffer_pool_reuses_buffers_across_identical_steps() {
     assert!(after_second.reused > after_first.reused);
 }
 
+/// A chain of `steps` dependent leaky ReLUs, each with its own slope, and the
+/// same on the host (one f32 product per step, so the two agree exactly).
+fn leaky_chain(x: &Tensor, steps: usize, host: &mut [f32]) -> Tensor {
+    let mut y = x.clone();
+    for i in 0..steps {
+        let alpha = 0.5 + i as f32 / 64.0;
+        y = aether::ops::activation::leaky_relu(&y, alpha).unwrap();
+        host.iter_mut()
+            .for_each(|v| *v = if *v > 0.0 { *v } else { alpha * *v });
+    }
+    y
+}
+
+/// Work recorded after the host waited for the GPU is submitted early as it
+/// grows: after 8 dispatches, then 16 more, ... Once the host submits without
+/// waiting, the GPU is busy and what follows is one submission again. The
+/// results are those of the kernels run in order either way.
+#[test]
+fn work_recorded_after_a_wait_is_submitted_early_until_the_next_submission() {
+    let Some(ctx) = own_context(&test_gpu_options()) else {
+        return;
+    };
+    let device = Device::Gpu(ctx.clone());
+    let mut expected = Rng::fresh().vec(1000);
+    let x = Tensor::from_f32(vec![1000], expected.clone(), &device).unwrap();
+    ctx.flush();
+    ctx.wait_idle().unwrap();
+    let before = ctx.submission_count();
+    let y = leaky_chain(&x, 30, &mut expected);
+    assert_eq!(
+        ctx.submission_count() - before,
+        2,
+        "30 dispatches: after 8 and 24"
+    );
+    ctx.flush();
+    let before = ctx.submission_count();
+    let z = leaky_chain(&y, 40, &mut expected);
+    ctx.flush();
+    assert_eq!(
+        ctx.submission_count() - before,
+        1,
+        "recorded while the GPU is busy"
+    );
+    assert_eq!(z.to_vec_f32().unwrap(), expected);
+}
+
 #[test]
 fn a_step_is_recorded_into_one_submission() {
     let Some(ctx) = own_context(&test_gpu_options()) else {

@@ -94,28 +94,66 @@ fn v1_on_own_gpu(seed: u64) -> Option<(Arc<GpuContext>, Model)> {
     Some((ctx, v1_on(&device, seed)))
 }
 
+/// A step recorded while the previous one may still run is one submission. A
+/// step recorded after the host waited for the GPU is submitted in pieces as
+/// it is recorded, after 8, 16 more, 32 more, ... dispatches, so the idle GPU
+/// starts on its first kernels early. Both give the same model.
 #[test]
-fn a_training_step_is_one_submission() {
+fn a_training_step_is_one_submission_unless_the_gpu_was_idle() {
     let Some((ctx, mut model)) = v1_on_own_gpu(2) else {
         return;
     };
+    let Some((twin_ctx, mut twin)) = v1_on_own_gpu(2) else {
+        return;
+    };
     let (x, y) = synthetic_images(8, SIDE, SIDE, 4);
+    let (mut losses, mut twin_losses) = (Vec::new(), Vec::new());
     for step in 0..3 {
-        let before = ctx.submission_count();
-        let dispatches = ctx.dispatch_count();
+        // `model` waits for every step, `twin` for none.
+        ctx.wait_idle().unwrap();
+        let (before, dispatches) = (ctx.submission_count(), ctx.dispatch_count());
         let (loss, _) = model.train_batch(&x, &y).unwrap();
         ctx.flush();
-        let submissions = ctx.submission_count() - before;
+        let after_wait = ctx.submission_count() - before;
+        let dispatches = ctx.dispatch_count() - dispatches;
+        let before = twin_ctx.submission_count();
+        let (twin_loss, _) = twin.train_batch(&x, &y).unwrap();
+        twin_ctx.flush();
+        let back_to_back = twin_ctx.submission_count() - before;
         report(&format!(
-            "[aether-test] step {step}: {} dispatches in {submissions} submission(s)",
-            ctx.dispatch_count() - dispatches
+            "[aether-test] step {step}: {dispatches} dispatches in {after_wait} submission(s) \
+             after a wait, {back_to_back} back to back"
         ));
         // The first step also uploads the optimizer's initial state.
         if step > 0 {
-            assert_eq!(submissions, 1, "step {step} took {submissions} submissions");
+            assert_eq!(back_to_back, 1, "step {step} back to back");
+            assert_eq!(
+                after_wait,
+                early_submissions(dispatches),
+                "step {step} after a wait"
+            );
         }
-        assert!(loss.to_vec_f32().unwrap()[0].is_finite());
+        losses.extend(loss.to_vec_f32().unwrap());
+        twin_losses.push(twin_loss);
     }
+    let twin_losses: Vec<f32> = twin_losses
+        .iter()
+        .flat_map(|l| l.to_vec_f32().unwrap())
+        .collect();
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert_eq!(losses, twin_losses);
+    let predict = |m: &mut Model| m.predict(&x, 8, true).unwrap();
+    assert_eq!(predict(&mut model), predict(&mut twin));
+}
+
+/// Submissions for `dispatches` recorded after a wait: one after 8, 16 more,
+/// 32 more, ..., and one for what is left.
+fn early_submissions(dispatches: usize) -> usize {
+    let (mut submissions, mut next, mut left) = (0, 8, dispatches);
+    while left >= next {
+        (submissions, left, next) = (submissions + 1, left - next, 2 * next);
+    }
+    submissions + usize::from(left > 0)
 }
 
 /// Once training has settled, a step meets the same pooled buffers with the same

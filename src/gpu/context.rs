@@ -162,7 +162,7 @@ impl GpuContext {
         let spin_until = Instant::now() + WAIT_SPIN;
         while Instant::now() < spin_until {
             match self.device.poll(wgpu::PollType::Poll) {
-                Ok(status) if status.is_queue_empty() => return self.check_faults("wait"),
+                Ok(status) if status.is_queue_empty() => return self.idle_after_wait(),
                 Ok(_) => std::hint::spin_loop(),
                 Err(_) => break,
             }
@@ -174,7 +174,13 @@ impl GpuContext {
                 message: e.to_string(),
             });
         }
-        self.check_faults("wait")
+        self.idle_after_wait()
+    }
+
+    fn idle_after_wait(&self) -> Result<()> {
+        self.check_faults("wait")?;
+        self.gpu_went_idle();
+        Ok(())
     }
 
     /// `Err` once the device is lost ([`AetherError::DeviceLost`]), or when
