@@ -288,22 +288,28 @@ impl Model {
         let shape = self.input_shape()?;
         let per: usize = shape.iter().product();
         let dims = crate::nn::batched_dims(indices.len(), shape);
+        // A first layer that rounds its input to f16 anyway gets it uploaded
+        // as f16: half the bytes (docs/perf-notes.md, entry 49).
+        let as_f16 = self
+            .layers
+            .first()
+            .is_some_and(|l| l.rounds_input_to_f16(&self.device));
+        let upload = |data: &[f32]| match as_f16 {
+            true => Tensor::from_f32_as_f16(dims.clone(), data, &self.device),
+            false => Tensor::from_f32_slice(dims.clone(), data, &self.device),
+        };
         // Consecutive samples (a whole batch, as `train_batch` passes) are one
         // slice of `x`: uploaded from there, without gathering a copy first.
         if let [first, ..] = indices
             && indices.iter().enumerate().all(|(k, &i)| i == first + k)
         {
-            return Tensor::from_f32_slice(
-                dims,
-                &x[first * per..(first + indices.len()) * per],
-                &self.device,
-            );
+            return upload(&x[first * per..(first + indices.len()) * per]);
         }
         let mut data = Vec::with_capacity(indices.len() * per);
         for &i in indices {
             data.extend_from_slice(&x[i * per..(i + 1) * per]);
         }
-        Tensor::from_f32(dims, data, &self.device)
+        upload(&data)
     }
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {

@@ -192,6 +192,44 @@ impl Tensor {
         }
     }
 
+    /// An f16 tensor of host f32 values rounded to nearest, as
+    /// [`f16::from_f32`] rounds them. On a GPU they are converted straight into
+    /// the upload's staging memory: half the bytes of an f32 upload.
+    pub fn from_f32_as_f16(
+        dims: impl Into<Vec<usize>>,
+        data: &[f32],
+        device: &Device,
+    ) -> Result<Self> {
+        let shape = Shape::new(dims)?;
+        check_len(&shape, data.len())?;
+        let Device::Gpu(ctx) = device else {
+            let rounded = data.iter().map(|&v| f16::from_f32(v)).collect();
+            return Self::from_f16(shape.dims().to_vec(), rounded, device);
+        };
+        let tensor = Self::uninit_gpu(ctx, shape, DType::F16)?;
+        // Uploads are whole 4-byte words: an odd count gets one zero f16 of
+        // padding, which the buffer (sized in 256-byte granules) has room for.
+        let bytes = (2 * data.len()).next_multiple_of(4);
+        ctx.upload_with(
+            tensor.gpu_slice().expect("GPU tensor"),
+            bytes as u64,
+            |mut dst| {
+                use half::slice::HalfFloatSliceExt;
+                const BLOCK: usize = 2048;
+                let mut block = [f16::ZERO; BLOCK];
+                for (i, values) in data.chunks(BLOCK).enumerate() {
+                    let rounded = &mut block[..values.len()];
+                    rounded.convert_from_f32_slice(values);
+                    let at = 2 * BLOCK * i;
+                    dst.slice(at..at + 2 * values.len())
+                        .copy_from_slice(bytemuck::cast_slice(rounded));
+                }
+                dst.slice(2 * data.len()..).fill(0);
+            },
+        );
+        Ok(tensor)
+    }
+
     /// A u32 tensor from host data, placed on `device`.
     pub fn from_u32(dims: impl Into<Vec<usize>>, data: Vec<u32>, device: &Device) -> Result<Self> {
         let shape = Shape::new(dims)?;

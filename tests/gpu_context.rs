@@ -6,6 +6,8 @@ mod common;
 
 use std::sync::Arc;
 
+use half::f16;
+
 use aether::conv::Padding;
 use aether::gpu::{DevicePreference, GpuContext, GpuOptions, PipelineKey};
 use aether::nn::{BatchNorm, Conv2d, Dense, GlobalAvgPool, MaxPool2d, ReLU};
@@ -174,6 +176,39 @@ fn buffer_pool_reuses_buffers_across_identical_steps() {
         "the second identical step must allocate nothing new"
     );
     assert!(after_second.reused > after_first.reused);
+}
+
+/// f32 values rounded to f16 while they are uploaded match `f16::from_f32`
+/// bit for bit, ties to even, overflow to infinity and subnormals included;
+/// the odd length needs a padded last word.
+#[test]
+fn values_uploaded_as_f16_are_rounded_to_nearest_even() {
+    let mut values: Vec<f32> = Rng::fresh().vec(5001).iter().map(|v| v * 3000.0).collect();
+    let tie_down = 1.0 + f32::powi(2.0, -11);
+    let tie_up = 1.0 + 3.0 * f32::powi(2.0, -11);
+    values.extend([
+        tie_down,
+        tie_up,
+        65504.0,
+        65520.0,
+        -1e6,
+        f32::INFINITY,
+        3e-6,
+        -6e-8,
+        0.0,
+    ]);
+    let expected: Vec<u16> = values.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+    assert_eq!(expected[5001..5003], [0x3c00, 0x3c02], "ties go to even");
+    for device in [Some(Device::Cpu), common::gpu()].into_iter().flatten() {
+        let t = Tensor::from_f32_as_f16(vec![values.len()], &values, &device).unwrap();
+        let bits: Vec<u16> = t
+            .to_vec_f16()
+            .unwrap()
+            .iter()
+            .map(|h| h.to_bits())
+            .collect();
+        assert_eq!(bits, expected, "on {device:?}");
+    }
 }
 
 /// A chain of `steps` dependent leaky ReLUs, each with its own slope, and the

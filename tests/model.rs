@@ -10,10 +10,10 @@ use std::sync::Arc;
 use aether::conv::Padding;
 use aether::data::synthetic_images;
 use aether::gpu::{DevicePreference, GpuContext};
-use aether::nn::{Dense, Flatten, ReLU, Softmax};
+use aether::nn::{Dense, Flatten, Layer, ReLU, Softmax};
 use aether::optim::Adam;
-use aether::{AetherError, Device, Loss, Metric, Model, TrainOptions};
-use common::{Rng, report};
+use aether::{AetherError, Device, Loss, Metric, Model, Tensor, TrainOptions};
+use common::{Rng, report, skip};
 
 const SIDE: usize = 16;
 
@@ -442,6 +442,30 @@ fn first_training_step_loss_matches_cpu() {
         rel <= 5e-3,
         "loss {gpu_loss} on the GPU vs {cpu_loss} on the CPU"
     );
+}
+
+/// A conv first layer rounds its input to f16 on a GPU with f16 kernels, so the
+/// model uploads its batches as f16: training on them gives exactly what
+/// training on the batch rounded on the host and passed as a tensor gives.
+#[test]
+fn a_conv_first_model_trains_on_its_batches_rounded_to_f16() {
+    let Some(gpu) = common::gpu() else { return };
+    let conv = aether::nn::Conv2d::new(8, (3, 3), Padding::Same);
+    assert!(!conv.rounds_input_to_f16(&Device::Cpu));
+    let caps = gpu.gpu_context().unwrap().caps();
+    if !caps.shader_f16 {
+        return skip("no shader-f16: the conv kernels take f32 inputs");
+    }
+    assert!(conv.rounds_input_to_f16(&gpu));
+    let (x, y) = synthetic_images(12, SIDE, SIDE, 11);
+    let rounded = Tensor::from_f32_as_f16(vec![12, SIDE, SIDE, 3], &x, &gpu).unwrap();
+    let labels = Tensor::from_u32(vec![12], y.clone(), &gpu).unwrap();
+    let (mut batches, mut tensors) = (v1_on(&gpu, 4), v1_on(&gpu, 4));
+    for step in 0..2 {
+        let from_batch = batches.train_batch(&x, &y).unwrap().0.to_vec_f32().unwrap();
+        let from_tensor = tensors.train_tensors(&rounded, &labels).unwrap().0;
+        assert_eq!(from_batch, from_tensor.to_vec_f32().unwrap(), "step {step}");
+    }
 }
 
 #[test]

@@ -64,6 +64,7 @@ pub fn conv2d_forward(
     let x_f32 = [x.dtype() == DType::F32];
     let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
         plan_first(ctx, plans, &KERNEL, &meta, &x_f32, |variant| {
+            accepts_operand(variant, x)?;
             accepts_operand(variant, w)?;
             ConvLaunchPlan::gemm(
                 ConvDirection::Forward,

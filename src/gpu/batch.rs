@@ -337,6 +337,28 @@ impl GpuContext {
         self.queue.write_buffer(slice.buffer, slice.offset, data);
     }
 
+    /// Like [`GpuContext::upload`], but `fill` writes the `bytes` bytes straight
+    /// into wgpu's staging memory, with no host buffer in between.
+    pub fn upload_with(
+        &self,
+        slice: GpuSlice<'_>,
+        bytes: u64,
+        fill: impl FnOnce(wgpu::WriteOnly<'_, [u8]>),
+    ) {
+        self.flush();
+        let Some(size) = wgpu::BufferSize::new(bytes) else {
+            return;
+        };
+        // `None` when validation failed; wgpu has then reported the error to
+        // the device's handler, as `write_buffer` does.
+        if let Some(mut view) = self
+            .queue
+            .write_buffer_with(slice.buffer, slice.offset, size)
+        {
+            fill(view.slice(..));
+        }
+    }
+
     /// Submits pending work and copies the first `bytes` of `slice` to the host.
     pub fn read_bytes(&self, slice: GpuSlice<'_>, bytes: u64) -> Result<Vec<u8>> {
         let gpu_err = |message: String| AetherError::Gpu {

@@ -152,6 +152,17 @@ impl Layer for Conv2d {
         Ok(vec![meta.h_out, meta.w_out, self.filters])
     }
 
+    /// The f16 variants convert the input while staging it (forward) and in
+    /// the backward cast, rounding to nearest either way.
+    fn rounds_input_to_f16(&self, device: &Device) -> bool {
+        device.gpu_context().is_some_and(|ctx| {
+            self.plans
+                .candidates(ctx.caps())
+                .first()
+                .is_some_and(|v| v.f16_operands())
+        })
+    }
+
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let kernel = self.kernel_operand()?;
         let w = self.weights()?;

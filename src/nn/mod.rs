@@ -182,6 +182,14 @@ pub trait Layer: Send {
         false
     }
 
+    /// True when, on `device`, the layer rounds its input to f16 before any
+    /// use of it (a conv whose kernels take f16 operands): an input uploaded
+    /// as f16 then gives the same results for half the bytes, so the model
+    /// uploads its batches that way when its first layer says so.
+    fn rounds_input_to_f16(&self, _device: &Device) -> bool {
+        false
+    }
+
     /// Parameters with the gradients of the last `backward`.
     fn trainables(&mut self) -> Vec<Trainable<'_>> {
         Vec::new()
