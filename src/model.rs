@@ -294,9 +294,12 @@ impl Model {
             .layers
             .first()
             .is_some_and(|l| l.rounds_input_to_f16(&self.device));
-        let upload = |data: &[f32]| match as_f16 {
-            true => Tensor::from_f32_as_f16(dims.clone(), data, &self.device),
-            false => Tensor::from_f32_slice(dims.clone(), data, &self.device),
+        let upload = |data: &[f32]| {
+            if as_f16 {
+                Tensor::from_f32_as_f16(dims.clone(), data, &self.device)
+            } else {
+                Tensor::from_f32_slice(dims.clone(), data, &self.device)
+            }
         };
         // Consecutive samples (a whole batch, as `train_batch` passes) are one
         // slice of `x`: uploaded from there, without gathering a copy first.
