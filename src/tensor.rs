@@ -206,28 +206,18 @@ impl Tensor {
             let rounded = data.iter().map(|&v| f16::from_f32(v)).collect();
             return Self::from_f16(shape.dims().to_vec(), rounded, device);
         };
-        let tensor = Self::uninit_gpu(ctx, shape, DType::F16)?;
-        // Uploads are whole 4-byte words: an odd count gets one zero f16 of
-        // padding, which the buffer (sized in 256-byte granules) has room for.
-        let bytes = (2 * data.len()).next_multiple_of(4);
-        ctx.upload_with(
-            tensor.gpu_slice().expect("GPU tensor"),
-            bytes as u64,
-            |mut dst| {
-                use half::slice::HalfFloatSliceExt;
-                const BLOCK: usize = 2048;
-                let mut block = [f16::ZERO; BLOCK];
-                for (i, values) in data.chunks(BLOCK).enumerate() {
-                    let rounded = &mut block[..values.len()];
-                    rounded.convert_from_f32_slice(values);
-                    let at = 2 * BLOCK * i;
-                    dst.slice(at..at + 2 * values.len())
-                        .copy_from_slice(bytemuck::cast_slice(rounded));
-                }
-                dst.slice(2 * data.len()..).fill(0);
-            },
-        );
-        Ok(tensor)
+        Self::upload_with(ctx, shape, DType::F16, |mut dst| {
+            use half::slice::HalfFloatSliceExt;
+            const BLOCK: usize = 2048;
+            let mut block = [f16::ZERO; BLOCK];
+            for (i, values) in data.chunks(BLOCK).enumerate() {
+                let rounded = &mut block[..values.len()];
+                rounded.convert_from_f32_slice(values);
+                let at = 2 * BLOCK * i;
+                dst.slice(at..at + 2 * values.len())
+                    .copy_from_slice(bytemuck::cast_slice(rounded));
+            }
+        })
     }
 
     /// A u32 tensor from host data, placed on `device`.
@@ -245,8 +235,35 @@ impl Tensor {
     }
 
     fn upload(ctx: &Arc<GpuContext>, shape: Shape, dtype: DType, bytes: &[u8]) -> Result<Self> {
+        if bytes.len().is_multiple_of(4) {
+            let tensor = Self::uninit_gpu(ctx, shape, dtype)?;
+            ctx.upload(tensor.gpu_slice().expect("GPU tensor"), bytes);
+            return Ok(tensor);
+        }
+        Self::upload_with(ctx, shape, dtype, |mut dst| dst.copy_from_slice(bytes))
+    }
+
+    /// A new GPU tensor whose bytes `fill` writes into the upload's staging
+    /// memory. wgpu copies whole 4-byte words, so an odd count of f16 values
+    /// gets one zero f16 of padding, which the buffer (sized in 256-byte
+    /// granules) has room for.
+    fn upload_with(
+        ctx: &Arc<GpuContext>,
+        shape: Shape,
+        dtype: DType,
+        fill: impl FnOnce(wgpu::WriteOnly<'_, [u8]>),
+    ) -> Result<Self> {
+        let bytes = shape.numel() * dtype.size_bytes();
         let tensor = Self::uninit_gpu(ctx, shape, dtype)?;
-        ctx.upload(tensor.gpu_slice().expect("GPU tensor"), bytes);
+        let padded = bytes.next_multiple_of(4);
+        ctx.upload_with(
+            tensor.gpu_slice().expect("GPU tensor"),
+            padded as u64,
+            |mut dst| {
+                fill(dst.slice(..bytes));
+                dst.slice(bytes..).fill(0);
+            },
+        );
         Ok(tensor)
     }
 

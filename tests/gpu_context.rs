@@ -211,6 +211,22 @@ fn values_uploaded_as_f16_are_rounded_to_nearest_even() {
     }
 }
 
+/// wgpu uploads whole 4-byte words: an odd count of f16 values still arrives
+/// whole (it used to fail validation at the next wait).
+#[test]
+fn an_odd_count_of_f16_values_uploads_whole() {
+    let Some(device) = common::gpu() else { return };
+    for len in [1, 3, 1001] {
+        let values: Vec<f16> = Rng::fresh()
+            .vec(len)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let t = Tensor::from_f16(vec![len], values.clone(), &device).unwrap();
+        assert_eq!(t.to_vec_f16().unwrap(), values, "{len} values");
+    }
+}
+
 /// A chain of `steps` dependent leaky ReLUs, each with its own slope, and the
 /// same on the host (one f32 product per step, so the two agree exactly).
 fn leaky_chain(x: &Tensor, steps: usize, host: &mut [f32]) -> Tensor {
