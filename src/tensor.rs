@@ -235,11 +235,6 @@ impl Tensor {
     }
 
     fn upload(ctx: &Arc<GpuContext>, shape: Shape, dtype: DType, bytes: &[u8]) -> Result<Self> {
-        if bytes.len().is_multiple_of(4) {
-            let tensor = Self::uninit_gpu(ctx, shape, dtype)?;
-            ctx.upload(tensor.gpu_slice().expect("GPU tensor"), bytes);
-            return Ok(tensor);
-        }
         Self::upload_with(ctx, shape, dtype, |mut dst| dst.copy_from_slice(bytes))
     }
 

@@ -333,8 +333,9 @@ impl GpuContext {
     /// Writes `data` into `slice` after all pending work, so a recycled buffer
     /// is never overwritten before earlier recorded kernels have read it.
     pub fn upload(&self, slice: GpuSlice<'_>, data: &[u8]) {
-        self.flush();
-        self.queue.write_buffer(slice.buffer, slice.offset, data);
+        self.upload_with(slice, data.len() as u64, |mut dst| {
+            dst.copy_from_slice(data)
+        });
     }
 
     /// Like [`GpuContext::upload`], but `fill` writes the `bytes` bytes straight

@@ -5,6 +5,8 @@
 //! step, after a load). The backward casts dvalues and the input once for both
 //! gradient kernels.
 
+use std::sync::Arc;
+
 use super::init::he_normal;
 use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc};
 use crate::conv::{
@@ -13,6 +15,7 @@ use crate::conv::{
 };
 use crate::device::Device;
 use crate::error::{AetherError, Result};
+use crate::gpu::GpuContext;
 use crate::tensor::{DType, Tensor};
 
 /// A 2-D convolution with bias, NHWC, weights `[R, S, C_in, C_out]`.
@@ -93,7 +96,7 @@ impl Conv2d {
                 shape: vec![],
                 reason: "layer used before the model was finalized".into(),
             })?;
-        if !f16_kernels_first(&w.kernel) {
+        if !f16_kernels_first(w.kernel.gpu_context()) {
             return Ok(w.kernel.clone());
         }
         if w.kernel_f16.is_none() {
@@ -103,10 +106,10 @@ impl Conv2d {
     }
 }
 
-/// Whether `t` is on a GPU whose preferred conv variant takes f16 operands, so
+/// Whether `ctx` is a GPU whose preferred conv variant takes f16 operands, so
 /// operands are best cast once and shared.
-fn f16_kernels_first(t: &Tensor) -> bool {
-    t.gpu_context().is_some_and(|ctx| {
+fn f16_kernels_first(ctx: Option<&Arc<GpuContext>>) -> bool {
+    ctx.is_some_and(|ctx| {
         ConvVariant::candidates(ctx.caps())
             .first()
             .is_some_and(|v| v.f16_operands())
@@ -155,12 +158,7 @@ impl Layer for Conv2d {
     /// The f16 variants convert the input while staging it (forward) and in
     /// the backward cast, rounding to nearest either way.
     fn rounds_input_to_f16(&self, device: &Device) -> bool {
-        device.gpu_context().is_some_and(|ctx| {
-            self.plans
-                .candidates(ctx.caps())
-                .first()
-                .is_some_and(|v| v.f16_operands())
-        })
+        f16_kernels_first(device.gpu_context())
     }
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
@@ -179,7 +177,7 @@ impl Layer for Conv2d {
         let dims = x.shape().nhwc("Conv2d::backward input")?;
         // One fused cast feeds both gradients (dinput would otherwise cast dy again).
         let both_f32 = dy.dtype() == DType::F32 && x.dtype() == DType::F32;
-        let (dy, x) = if f16_kernels_first(&x) && both_f32 {
+        let (dy, x) = if f16_kernels_first(x.gpu_context()) && both_f32 {
             conv_backward_cast_fp16(dy, &x)?
         } else {
             (dy.clone(), x)
@@ -280,7 +278,7 @@ impl Layer for Conv2d {
         // The kernel's shadow (the first); the bias has no f16 use.
         if let (Some(w), Some(kernel)) = (self.weights.as_mut(), shadows.into_iter().next())
             && kernel.dims() == w.kernel.dims()
-            && f16_kernels_first(&w.kernel)
+            && f16_kernels_first(w.kernel.gpu_context())
         {
             w.kernel_f16 = Some(kernel);
         }
