@@ -122,6 +122,10 @@ pub struct Model {
     fuse_relu: bool,
     /// Per layer: a ReLU folded into the layer before it, so skipped.
     folded: Vec<bool>,
+    /// Whether layers write f16 outputs for a next layer that rounds to f16.
+    f16_activations: bool,
+    /// Per layer: its output written as f16 (see [`Model::f16_activations`]).
+    f16_outputs: Vec<bool>,
     seed: u64,
     step: u64,
 }
@@ -148,6 +152,8 @@ impl Model {
             output_shapes: Vec::new(),
             fuse_relu: true,
             folded: Vec::new(),
+            f16_activations: true,
+            f16_outputs: Vec::new(),
             seed: 0,
             step: 0,
         }
@@ -164,6 +170,18 @@ impl Model {
     /// bit-identical results. On by default; takes effect at `finalize`.
     pub fn fuse_relu(mut self, fuse: bool) -> Self {
         self.fuse_relu = fuse;
+        self
+    }
+
+    /// Whether a layer whose output the next layer rounds to f16 anyway (a
+    /// conv with f16 kernels, on a GPU) writes it as f16 where it can
+    /// (BatchNorm): bit-identical inputs for the next layer in half the
+    /// bytes, and no cast of its own. The one difference: the fused ReLU's
+    /// gradient is gated by the stored value, so a positive output below f16's
+    /// smallest subnormal (2^-25), which the conv saw as 0, passes none. On by
+    /// default; takes effect at `finalize` and `to`.
+    pub fn f16_activations(mut self, on: bool) -> Self {
+        self.f16_activations = on;
         self
     }
 
@@ -215,7 +233,30 @@ impl Model {
                 }
             }
         }
+        self.plan_f16_outputs();
         Ok(())
+    }
+
+    /// Tells each layer whether the next one that runs rounds its input to f16
+    /// on the model's device (see [`Model::f16_activations`]).
+    fn plan_f16_outputs(&mut self) {
+        let n = self.layers.len();
+        self.f16_outputs = vec![false; n];
+        for i in 0..n {
+            let next = (i + 1..n).find(|&j| !self.is_folded(j));
+            let rounded = self.f16_activations
+                && !self.is_folded(i)
+                && next.is_some_and(|j| self.layers[j].rounds_input_to_f16(&self.device));
+            self.f16_outputs[i] = self.layers[i].output_rounded_to_f16(rounded);
+        }
+    }
+
+    /// Indices of the layers that write their output as f16 for the next
+    /// layer (see [`Model::f16_activations`]).
+    pub fn f16_outputs(&self) -> Vec<usize> {
+        (0..self.f16_outputs.len())
+            .filter(|&i| self.f16_outputs[i])
+            .collect()
     }
 
     /// Indices of the ReLU layers that `finalize` folded into the layer
@@ -251,6 +292,9 @@ impl Model {
             self.optimizer = Some(fresh);
         }
         self.device = device.clone();
+        if self.input_shape.is_some() {
+            self.plan_f16_outputs();
+        }
         Ok(())
     }
 

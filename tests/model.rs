@@ -418,6 +418,45 @@ test_device!(
     }
 );
 
+test_device!(
+    f16_activations_train_bit_identically_to_f32_ones,
+    |device: &Device| {
+        // In v1, BatchNorm 1 and 9 (each with its ReLU folded in) feed a conv:
+        // where the conv rounds its input to f16, they write f16 outputs.
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5);
+        let conv = aether::nn::Conv2d::new(8, (3, 3), Padding::Same);
+        let rounds = conv.rounds_input_to_f16(device);
+        let run = |f16: bool| {
+            let mut model = aether::zoo::cifar10_v1(6).f16_activations(f16);
+            model.to(device).unwrap();
+            model.finalize(&[SIDE, SIDE, 3]).unwrap();
+            let expected = if f16 && rounds { vec![1, 9] } else { vec![] };
+            assert_eq!(model.f16_outputs(), expected, "f16_activations({f16})");
+            let mut bits = Vec::new();
+            for _ in 0..3 {
+                let (loss, _) = model.train_batch(&x, &y).unwrap();
+                bits.push(loss.to_vec_f32().unwrap()[0].to_bits());
+            }
+            let predictions = model.predict(&x, 8, true).unwrap();
+            bits.extend(predictions.iter().map(|v| v.to_bits()));
+            bits
+        };
+        let half = run(true);
+        let single = run(false);
+        let first_difference = half.iter().zip(&single).position(|(a, b)| a != b);
+        assert_eq!(
+            first_difference, None,
+            "losses (first 3) then logits differ between f16 and f32 activations"
+        );
+        if !rounds {
+            report(&format!(
+                "[aether-test] {}: no conv rounds to f16 here, so no f16 activations",
+                device.name()
+            ));
+        }
+    }
+);
+
 /// The first training step (train-mode BatchNorm, dropout masks, loss) gives
 /// the same loss on the GPU as on the CPU for the same seed.
 #[test]

@@ -8,13 +8,15 @@ mod common;
 
 use aether::ops::activation::relu_backward;
 use aether::ops::batchnorm::{
-    BatchNormStats, CHUNK_ROWS, RunningStats, batch_norm_backward, batch_norm_inference,
-    batch_norm_relu_backward, batch_norm_relu_inference, batch_norm_relu_train, batch_norm_train,
-    batch_norm_train_running, update_running_stats,
+    BatchNormStats, CHUNK_ROWS, NormOutput, RunningStats, batch_norm_backward,
+    batch_norm_inference, batch_norm_inference_as, batch_norm_relu_backward,
+    batch_norm_relu_inference, batch_norm_relu_train, batch_norm_train, batch_norm_train_running,
+    update_running_stats,
 };
 use aether::ops::relu;
-use aether::{AetherError, Device, Tensor};
+use aether::{AetherError, DType, Device, Tensor};
 use common::Rng;
+use half::f16;
 
 const EPS: f32 = 1e-3;
 const BOUND: f64 = 1e-5;
@@ -419,7 +421,8 @@ test_device!(
                 momentum: 0.9,
             };
             let (y, stats, (mean, var)) =
-                batch_norm_train_running(&x, &gamma, &beta, EPS, relu, running).unwrap();
+                batch_norm_train_running(&x, &gamma, &beta, EPS, NormOutput::f32(relu), running)
+                    .unwrap();
             let train = if relu {
                 batch_norm_relu_train
             } else {
@@ -618,5 +621,150 @@ test_device!(
             update_running_stats(&gamma, &beta, &stats_other, 3, 0.9, EPS).map(|_| ()),
             "update_running_stats (stats)",
         );
+    }
+);
+
+/// Equal element for element, or a panic naming the first difference (not
+/// the whole vectors).
+fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) {
+    assert_eq!(got.len(), want.len(), "length of {what}");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{what}: element {i} is {:?}, want {:?}", got[i], want[i]);
+    }
+}
+
+test_device!(
+    f16_outputs_are_the_f32_outputs_rounded_and_gate_as_stored,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let halves = |t: &Tensor| -> Vec<u16> {
+            assert_eq!(t.dtype(), DType::F16);
+            t.to_vec_f16()
+                .unwrap()
+                .into_iter()
+                .map(f16::to_bits)
+                .collect()
+        };
+        let rounded = |t: &Tensor| -> Vec<u16> {
+            values(t)
+                .into_iter()
+                .map(|v| f16::from_f32(v).to_bits())
+                .collect()
+        };
+        let bits = |t: &Tensor| -> Vec<u32> { values(t).into_iter().map(f32::to_bits).collect() };
+        // 8 channels spanning chunks (two f16 lanes per word, odd row count),
+        // 12 channels in one chunk.
+        for dims in [&[2usize, 19, 17, 8][..], &[3, 5, 7, 12]] {
+            let [(_, mut xs), (_, mut gs), (_, mut bs)] = random_inputs(&mut rng, dims, device);
+            let channels = channels_of(dims);
+            // Channel 0 overflows f16 (to inf), channel 1 lands in its subnormals
+            // and below (positive values that round to +0, which then gate the
+            // gradient out), channel 2 carries a NaN to y.
+            (gs[0], gs[1], bs[1]) = (1e6, 3e-8, 0.0);
+            xs[2] = f32::NAN;
+            let x = Tensor::from_f32(dims.to_vec(), xs.clone(), device).unwrap();
+            let gamma = Tensor::from_f32(vec![channels], gs, device).unwrap();
+            let beta = Tensor::from_f32(vec![channels], bs, device).unwrap();
+            let dy = Tensor::from_f32(dims.to_vec(), rng.vec(xs.len()), device).unwrap();
+            let rm = Tensor::from_f32(vec![channels], rng.vec(channels), device).unwrap();
+            let var: Vec<f32> = (0..channels).map(|_| 1.0 + rng.uniform()).collect();
+            let rv = Tensor::from_f32(vec![channels], var, device).unwrap();
+            for relu in [false, true] {
+                let ctx = format!("{dims:?}, relu {relu} (seed {})", rng.seed);
+                let half_out = NormOutput {
+                    relu,
+                    dtype: DType::F16,
+                };
+                let running = RunningStats {
+                    mean: &rm,
+                    var: &rv,
+                    momentum: 0.9,
+                };
+                let (y16, stats, _) =
+                    batch_norm_train_running(&x, &gamma, &beta, EPS, half_out, running).unwrap();
+                let running = RunningStats {
+                    momentum: 0.9,
+                    ..running
+                };
+                let (y32, stats32, _) = batch_norm_train_running(
+                    &x,
+                    &gamma,
+                    &beta,
+                    EPS,
+                    NormOutput::f32(relu),
+                    running,
+                )
+                .unwrap();
+                same(
+                    &halves(&y16),
+                    &rounded(&y32),
+                    &format!("training y of {ctx}"),
+                );
+                assert_eq!(
+                    bits(&stats.inv_std),
+                    bits(&stats32.inv_std),
+                    "inv_std of {ctx}"
+                );
+                let y16_wide = values(&y16);
+                let flushed = y16_wide
+                    .iter()
+                    .zip(values(&y32))
+                    .filter(|&(&h, f)| h == 0.0 && f > 0.0)
+                    .count();
+                assert!(flushed > 0, "no positive y rounded to +0 in {ctx}");
+                let infinite = y16_wide.iter().filter(|v| v.is_infinite()).count();
+                assert!(infinite > 0, "no y overflowed f16 in {ctx}");
+
+                let inferred =
+                    batch_norm_inference_as(&x, &gamma, &beta, &rm, &rv, EPS, half_out).unwrap();
+                let want = batch_norm_inference_as(
+                    &x,
+                    &gamma,
+                    &beta,
+                    &rm,
+                    &rv,
+                    EPS,
+                    NormOutput::f32(relu),
+                )
+                .unwrap();
+                same(
+                    &halves(&inferred),
+                    &rounded(&want),
+                    &format!("inference y of {ctx}"),
+                );
+
+                if relu {
+                    // The gate is the stored f16: ReLU's gradient of y16 as f32.
+                    let y16_f32 = Tensor::from_f32(dims.to_vec(), y16_wide, device).unwrap();
+                    let gated = relu_backward(&y16_f32, &dy).unwrap();
+                    let want = batch_norm_backward(&gated, &x, &gamma, &stats).unwrap();
+                    let got = batch_norm_relu_backward(&dy, &y16, &x, &gamma, &stats).unwrap();
+                    for (name, a, b) in [
+                        ("dx", &got.0, &want.0),
+                        ("dgamma", &got.1, &want.1),
+                        ("dbeta", &got.2, &want.2),
+                    ] {
+                        same(&bits(a), &bits(b), &format!("{name} of {ctx}"));
+                    }
+                }
+            }
+        }
+        // The GPU kernels pack f16 four channels at a time: 6 channels is a
+        // typed error there, and works on the CPU.
+        let dims = [2usize, 3, 5, 6];
+        let [(x, _), (gamma, _), (beta, _)] = random_inputs(&mut rng, &dims, device);
+        let out = NormOutput {
+            relu: true,
+            dtype: DType::F16,
+        };
+        let result = batch_norm_inference_as(&x, &gamma, &beta, &beta, &gamma, EPS, out);
+        match (device.gpu_context(), result) {
+            (None, Ok(y)) => assert_eq!(y.dtype(), DType::F16),
+            (Some(_), Err(AetherError::InvalidShape { op, reason, .. })) => {
+                assert_eq!(op, "batch_norm_inference");
+                assert!(reason.contains("divides by 4"), "{reason}");
+            }
+            (_, other) => panic!("f16 output with 6 channels on {}: {other:?}", device.name()),
+        }
     }
 );

@@ -7,7 +7,7 @@
 // not pass).
 
 @group(0) @binding(0) var<storage, read> dy: array<Lanes>;
-@group(0) @binding(1) var<storage, read> relu_y: array<LaneBits>;
+@group(0) @binding(1) var<storage, read> relu_y: array<ActBits>;
 @group(0) @binding(2) var<storage, read> x: array<Lanes>;
 @group(0) @binding(3) var<storage, read> mean: array<Lanes>;
 @group(0) @binding(4) var<storage, read> inv_std: array<Lanes>;
@@ -37,7 +37,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let xhat = (x[i] - mean[c]) * s;
     var g = dy[i];
     if (params.relu_gate != 0u) {
-        g = select(Lanes(0.0), g, passes_lanes(relu_y[i]));
+        g = select(Lanes(0.0), g, act_passes(relu_y[i]));
     }
     dx[i] = gamma[c] * s * (g - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count));
 }

@@ -5,7 +5,7 @@
 // not read).
 
 @group(0) @binding(0) var<storage, read> dy: array<Lanes>;
-@group(0) @binding(1) var<storage, read> relu_y: array<LaneBits>;
+@group(0) @binding(1) var<storage, read> relu_y: array<ActBits>;
 @group(0) @binding(2) var<storage, read> x: array<Lanes>;
 @group(0) @binding(3) var<storage, read> mean: array<Lanes>;
 @group(0) @binding(4) var<storage, read> inv_std: array<Lanes>;
@@ -28,7 +28,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             let i = row * params.channels + lane.channel;
             var g = dy[i];
             if (params.relu_gate != 0u) {
-                g = select(Lanes(0.0), g, passes_lanes(relu_y[i]));
+                g = select(Lanes(0.0), g, act_passes(relu_y[i]));
             }
             sums = SumPair(sums.a + g, sums.b + g * ((x[i] - m) * s));
         }

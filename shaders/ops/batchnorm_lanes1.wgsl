@@ -3,11 +3,12 @@
 
 alias Lanes = f32;
 alias LaneBits = u32;
+alias LaneMask = bool;
 
 fn relu_lanes(v: Lanes) -> Lanes {
     return select(v, 0.0, is_negative(bitcast<u32>(v)));
 }
 
-fn passes_lanes(b: LaneBits) -> bool {
+fn passes_lanes(b: LaneBits) -> LaneMask {
     return is_positive(b);
 }

@@ -8,6 +8,7 @@
 
 alias Lanes = vec4<f32>;
 alias LaneBits = vec4<u32>;
+alias LaneMask = vec4<bool>;
 
 fn relu_lanes(v: Lanes) -> Lanes {
     let b = bitcast<vec4<u32>>(v);
@@ -15,6 +16,6 @@ fn relu_lanes(v: Lanes) -> Lanes {
     return select(v, Lanes(0.0), negative);
 }
 
-fn passes_lanes(b: LaneBits) -> vec4<bool> {
+fn passes_lanes(b: LaneBits) -> LaneMask {
     return vec4(is_positive(b.x), is_positive(b.y), is_positive(b.z), is_positive(b.w));
 }

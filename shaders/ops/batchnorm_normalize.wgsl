@@ -4,14 +4,15 @@
 // spread_is_variance = 1, the running variance (inference), turned into
 // 1 / sqrt(var + eps) here. With relu = 1 the result goes through ReLU (the
 // fused BatchNorm + ReLU), decided on the bits as relu.wgsl does: negative
-// non-zero numbers become +0, NaN and -0.0 pass through.
+// non-zero numbers become +0, NaN and -0.0 pass through. `y` is stored as
+// batchnorm_act_*.wgsl says (f32, or f16 for a consumer that rounds to it).
 
 @group(0) @binding(0) var<storage, read> x: array<Lanes>;
 @group(0) @binding(1) var<storage, read> mean: array<Lanes>;
 @group(0) @binding(2) var<storage, read> spread: array<Lanes>;
 @group(0) @binding(3) var<storage, read> gamma: array<Lanes>;
 @group(0) @binding(4) var<storage, read> beta: array<Lanes>;
-@group(0) @binding(5) var<storage, read_write> y: array<Lanes>;
+@group(0) @binding(5) var<storage, read_write> y: array<ActBits>;
 
 struct Params {
     len: u32,
@@ -35,5 +36,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         inv_std = Lanes(1.0) / sqrt(inv_std + Lanes(params.eps));
     }
     let v = (x[i] - mean[c]) * inv_std * gamma[c] + beta[c];
-    y[i] = select(v, relu_lanes(v), params.relu != 0u);
+    y[i] = act_bits(select(v, relu_lanes(v), params.relu != 0u));
 }

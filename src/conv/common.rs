@@ -378,8 +378,11 @@ pub(crate) struct DirectC {
 pub(crate) const GEMM_RUN: usize = 8;
 
 /// WGSL reading GEMM operand binding `name`: its element type `{name}_elem`,
-/// `{name}_at(i)` (element i as f32) and `{name}_run(offset)` (the 8 elements
-/// from `offset` as a `Run`, zeros where `offset` is -1: padding).
+/// `{name}_at(i)` (element i as an `operand`, widened to f32) and
+/// `{name}_run(offset)` (the 8 elements from `offset` as a `Run`, zeros where
+/// `offset` is -1: padding). Either way an f32 tensor read by an f16 variant
+/// is rounded to f16 first, so the variant's operands are f16 whatever the
+/// storage (what `Layer::rounds_input_to_f16` promises the model).
 /// `f32_storage` says whether the tensor holds f32 (else f16). A `vectorized`
 /// binding (coop kernels whose runs fit, so every run offset is a multiple of
 /// 8) is declared as vec4s, so a run is two 8-byte (f16) or 16-byte (f32)
@@ -390,7 +393,7 @@ fn operand_reader(name: &str, f32_storage: bool, vectorized: bool) -> String {
     let (elem, at, run) = if vectorized {
         (
             format!("vec4<{scalar}>"),
-            format!("return f32({name}[i >> 2u][i & 3u]);"),
+            format!("return f32(operand({name}[i >> 2u][i & 3u]));"),
             format!(
                 "let q = u32(offset) >> 2u;
     return Run(vec4<operand>({name}[q]), vec4<operand>({name}[q + 1u]));"
@@ -399,7 +402,7 @@ fn operand_reader(name: &str, f32_storage: bool, vectorized: bool) -> String {
     } else {
         (
             scalar.to_owned(),
-            format!("return f32({name}[i]);"),
+            format!("return f32(operand({name}[i]));"),
             format!(
                 "var run: Run;
     for (var j = 0u; j < 8u; j++) {{

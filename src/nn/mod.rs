@@ -190,6 +190,15 @@ pub trait Layer: Send {
         false
     }
 
+    /// Told (after every build and device move) whether the next layer
+    /// rounds its input to f16 before any use ([`Layer::rounds_input_to_f16`]):
+    /// a layer that can then writes its output as f16, rounded as
+    /// `half::f16::from_f32`, so the next layer sees the same values in half
+    /// the bytes and casts nothing. Returns whether it will; by default no.
+    fn output_rounded_to_f16(&mut self, _rounded: bool) -> bool {
+        false
+    }
+
     /// Parameters with the gradients of the last `backward`.
     fn trainables(&mut self) -> Vec<Trainable<'_>> {
         Vec::new()

@@ -5,18 +5,23 @@ use super::{Layer, LayerSpec, Mode, Trainable, cached};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::batchnorm::{
-    BatchNormStats, RunningStats, backward_into, batch_norm_inference, batch_norm_relu_inference,
+    BatchNormStats, NormOutput, RunningStats, backward_into, batch_norm_inference_as,
     batch_norm_train_running,
 };
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 pub struct BatchNorm {
     /// Running statistics: `running = momentum * running + (1 - momentum) * batch`.
     pub momentum: f32,
     pub epsilon: f32,
     state: Option<NormState>,
+    /// Channels (the input's last axis), from `build`.
+    channels: usize,
     /// Whether the ReLU after this layer runs inside it (see `Layer::fuse_relu`).
     relu: bool,
+    /// The output's dtype: F16 where the next layer rounds its input to f16
+    /// (see `Layer::output_rounded_to_f16`).
+    output: DType,
     /// Input, batch statistics and, with the fused ReLU, the output it gates by.
     cache: Option<(Tensor, BatchNormStats, Option<Tensor>)>,
     grads: Option<(Tensor, Tensor)>,
@@ -37,7 +42,9 @@ impl BatchNorm {
             momentum,
             epsilon,
             state: None,
+            channels: 0,
             relu: false,
+            output: DType::F32,
             cache: None,
             grads: None,
             grad_outputs: None,
@@ -76,8 +83,11 @@ impl Layer for BatchNorm {
             shape: input.to_vec(),
             reason: "needs at least one feature axis".into(),
         })?;
-        // A fused ReLU is the model's decision, made again after every build.
+        // A fused ReLU and an f16 output are the model's decisions, made again
+        // after every build.
         self.relu = false;
+        self.output = DType::F32;
+        self.channels = c;
         let filled = |v: f32| Tensor::from_f32(vec![c], vec![v; c], device);
         self.state = Some(NormState {
             gamma: filled(1.0)?,
@@ -90,14 +100,14 @@ impl Layer for BatchNorm {
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let eps = self.epsilon;
+        let out = NormOutput {
+            relu: self.relu,
+            dtype: self.output,
+        };
         if let Mode::Infer = mode {
             let s = self.state()?;
-            let infer = if self.relu {
-                batch_norm_relu_inference
-            } else {
-                batch_norm_inference
-            };
-            return infer(x, &s.gamma, &s.beta, &s.running_mean, &s.running_var, eps);
+            let (mean, var) = (&s.running_mean, &s.running_var);
+            return batch_norm_inference_as(x, &s.gamma, &s.beta, mean, var, eps, out);
         }
         let s = self.state()?;
         let running = RunningStats {
@@ -106,7 +116,7 @@ impl Layer for BatchNorm {
             momentum: self.momentum,
         };
         let (y, stats, (mean, var)) =
-            batch_norm_train_running(x, &s.gamma, &s.beta, eps, self.relu, running)?;
+            batch_norm_train_running(x, &s.gamma, &s.beta, eps, out, running)?;
         let s = self.state.as_mut().expect("checked above");
         (s.running_mean, s.running_var) = (mean, var);
         self.cache = Some((x.clone(), stats, self.relu.then(|| y.clone())));
@@ -137,6 +147,13 @@ impl Layer for BatchNorm {
     fn fuse_relu(&mut self) -> bool {
         self.relu = true;
         true
+    }
+
+    /// Written as f16 where the GPU kernels pack 4 channels at a time.
+    fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
+        let f16 = rounded && self.channels.is_multiple_of(4);
+        self.output = if f16 { DType::F16 } else { DType::F32 };
+        f16
     }
 
     fn trainables(&mut self) -> Vec<Trainable<'_>> {

@@ -24,6 +24,9 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use half::f16;
+
+use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::ops::activation::relu_backward;
@@ -37,6 +40,7 @@ const FINALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_finalize
 const RELU_BITS: &str = include_str!("../../shaders/ops/relu_bits.wgsl");
 const NORMALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_normalize.wgsl");
 const BACKWARD_DX_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl");
+const F16_BITS: &str = include_str!("../../shaders/conv/f16_bits.wgsl");
 const RUNNING_SHADER: &str = include_str!("../../shaders/ops/batchnorm_running.wgsl");
 
 /// Rows summed into one partial, on both paths. Fixed, so the grouping (and thus
@@ -57,6 +61,29 @@ pub struct BatchNormStats {
     pub inv_std: Tensor,
 }
 
+/// What the normalize pass writes: the output's dtype, and whether the fused
+/// ReLU runs on it.
+///
+/// `DType::F16` stores each value rounded as `half::f16::from_f32` (NaN kept),
+/// for a consumer that rounds its input to f16 anyway (a conv with f16
+/// kernels): the same values it would have used, in half the bytes, and no
+/// cast of its own. On the GPU it needs a channel count divisible by 4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NormOutput {
+    pub relu: bool,
+    pub dtype: DType,
+}
+
+impl NormOutput {
+    /// An f32 output, with the fused ReLU where `relu`.
+    pub fn f32(relu: bool) -> Self {
+        Self {
+            relu,
+            dtype: DType::F32,
+        }
+    }
+}
+
 /// Training-mode forward: normalizes `x` with its own batch statistics,
 /// `y = (x - mean) * inv_std * gamma + beta`, and returns them for the backward
 /// pass. `gamma` and `beta` are `[C]`.
@@ -66,7 +93,7 @@ pub fn batch_norm_train(
     beta: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, BatchNormStats)> {
-    train(x, gamma, beta, eps, false, None).map(|(y, stats, _)| (y, stats))
+    train(x, gamma, beta, eps, NormOutput::f32(false), None).map(|(y, stats, _)| (y, stats))
 }
 
 /// [`batch_norm_train`] followed by ReLU (`relu(y)`, NaN passing through), in
@@ -78,7 +105,7 @@ pub fn batch_norm_relu_train(
     beta: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, BatchNormStats)> {
-    train(x, gamma, beta, eps, true, None).map(|(y, stats, _)| (y, stats))
+    train(x, gamma, beta, eps, NormOutput::f32(true), None).map(|(y, stats, _)| (y, stats))
 }
 
 /// The running statistics a training step folds its batch statistics into,
@@ -90,9 +117,9 @@ pub struct RunningStats<'a> {
     pub momentum: f32,
 }
 
-/// [`batch_norm_train`] (with `relu`, [`batch_norm_relu_train`]) followed by
-/// [`update_running_stats`] with its batch statistics: returns the new running
-/// mean and variance too. On the GPU the pass that finishes the batch
+/// [`batch_norm_train`] (with `out.relu`, [`batch_norm_relu_train`]; its
+/// output as `out.dtype`) followed by [`update_running_stats`] with its batch
+/// statistics: returns the new running mean and variance too. On the GPU the pass that finishes the batch
 /// statistics writes the running ones as well, so they take no dispatch of
 /// their own. Bit-identical to the separate calls.
 pub fn batch_norm_train_running(
@@ -100,10 +127,10 @@ pub fn batch_norm_train_running(
     gamma: &Tensor,
     beta: &Tensor,
     eps: f32,
-    relu: bool,
+    out: NormOutput,
     running: RunningStats<'_>,
 ) -> Result<(Tensor, BatchNormStats, (Tensor, Tensor))> {
-    let (y, stats, new) = train(x, gamma, beta, eps, relu, Some(running))?;
+    let (y, stats, new) = train(x, gamma, beta, eps, out, Some(running))?;
     Ok((y, stats, new.expect("asked for the running statistics")))
 }
 
@@ -117,13 +144,14 @@ fn train(
     gamma: &Tensor,
     beta: &Tensor,
     eps: f32,
-    relu: bool,
+    out: NormOutput,
     running: Option<RunningStats<'_>>,
 ) -> Result<Trained> {
     const OP: &str = "batch_norm_train";
     let layout = Layout::of(OP, x)?;
     require_channel_vectors(OP, layout.channels, &[gamma, beta])?;
     same_device(OP, &[x, gamma, beta])?;
+    let lanes = Lanes::of(layout).holding(OP, out.dtype, x)?;
     // The running statistics, checked, with their unbiased-variance scale.
     let running = running
         .map(|r| {
@@ -142,8 +170,7 @@ fn train(
         let new = running
             .map(|(r, _)| update_running_stats(r.mean, r.var, &stats, layout.rows, r.momentum, eps))
             .transpose()?;
-        let y = Tensor::from_f32(x.dims().to_vec(), y, &device)?;
-        return Ok((if relu { relu_op(&y)? } else { y }, stats, new));
+        return Ok((output_cpu(x, y, out)?, stats, new));
     }
     let ctx = gpu_context(x);
     let moments = partial_sums(
@@ -152,6 +179,7 @@ fn train(
         MOMENTS_SHADER,
         &[x],
         layout,
+        Lanes::of(layout),
         false,
     )?;
     let ([mean, inv_std], new) = finalize(
@@ -163,7 +191,7 @@ fn train(
         running,
         None,
     )?;
-    let y = normalize_gpu(ctx, x, [&mean, &inv_std], [gamma, beta], None, relu)?;
+    let y = normalize_gpu(ctx, x, lanes, [&mean, &inv_std], [gamma, beta], None, out)?;
     Ok((y, BatchNormStats { mean, inv_std }, new))
 }
 
@@ -267,7 +295,8 @@ pub fn batch_norm_inference(
     running_var: &Tensor,
     eps: f32,
 ) -> Result<Tensor> {
-    inference(x, gamma, beta, running_mean, running_var, eps, false)
+    let out = NormOutput::f32(false);
+    batch_norm_inference_as(x, gamma, beta, running_mean, running_var, eps, out)
 }
 
 /// [`batch_norm_inference`] followed by ReLU, in one kernel on the GPU.
@@ -279,23 +308,27 @@ pub fn batch_norm_relu_inference(
     running_var: &Tensor,
     eps: f32,
 ) -> Result<Tensor> {
-    inference(x, gamma, beta, running_mean, running_var, eps, true)
+    let out = NormOutput::f32(true);
+    batch_norm_inference_as(x, gamma, beta, running_mean, running_var, eps, out)
 }
 
-fn inference(
+/// [`batch_norm_inference`] (with `out.relu`, [`batch_norm_relu_inference`]),
+/// its output as `out.dtype`.
+pub fn batch_norm_inference_as(
     x: &Tensor,
     gamma: &Tensor,
     beta: &Tensor,
     running_mean: &Tensor,
     running_var: &Tensor,
     eps: f32,
-    relu: bool,
+    out: NormOutput,
 ) -> Result<Tensor> {
     const OP: &str = "batch_norm_inference";
     let layout = Layout::of(OP, x)?;
     let vectors = [gamma, beta, running_mean, running_var];
     require_channel_vectors(OP, layout.channels, &vectors)?;
     same_device(OP, &[x, gamma, beta, running_mean, running_var])?;
+    let lanes = Lanes::of(layout).holding(OP, out.dtype, x)?;
     if let (Some(xs), Some(g), Some(b), Some(rm), Some(rv)) = (
         x.host_f32(),
         gamma.host_f32(),
@@ -304,16 +337,24 @@ fn inference(
         running_var.host_f32(),
     ) {
         let inv_std: Vec<f32> = rv.iter().map(|&v| 1.0 / (v + eps).sqrt()).collect();
-        let y = Tensor::from_f32(
-            x.dims().to_vec(),
-            normalize_cpu(xs, rm, &inv_std, g, b),
-            &x.device(),
-        )?;
-        return if relu { relu_op(&y) } else { Ok(y) };
+        return output_cpu(x, normalize_cpu(xs, rm, &inv_std, g, b), out);
     }
     let ctx = gpu_context(x);
     let stats = [running_mean, running_var];
-    normalize_gpu(ctx, x, stats, [gamma, beta], Some(eps), relu)
+    normalize_gpu(ctx, x, lanes, stats, [gamma, beta], Some(eps), out)
+}
+
+/// The CPU path's output: `y` through the fused ReLU, then stored as `out.dtype`.
+fn output_cpu(x: &Tensor, y: Vec<f32>, out: NormOutput) -> Result<Tensor> {
+    let y = Tensor::from_f32(x.dims().to_vec(), y, &x.device())?;
+    let y = if out.relu { relu_op(&y)? } else { y };
+    match out.dtype {
+        DType::F16 => {
+            let rounded = y.to_vec_f32()?.into_iter().map(f16::from_f32).collect();
+            Tensor::from_f16(y.dims().to_vec(), rounded, &y.device())
+        }
+        _ => Ok(y),
+    }
 }
 
 /// Training-mode backward: `(dx, dgamma, dbeta)` for the upstream gradient `dy`
@@ -333,7 +374,8 @@ pub fn batch_norm_backward(
 /// The backward of [`batch_norm_relu_train`], whose output was `y`: `dy` is
 /// taken where `y > 0` (ReLU's gradient, 0 for NaN) inside the batch-norm
 /// kernels, so no masked copy of `dy` is made. Bit-identical to
-/// `relu_backward` followed by [`batch_norm_backward`].
+/// `relu_backward` followed by [`batch_norm_backward`]. `y` may be the f16
+/// output of [`NormOutput`]`{ dtype: F16, .. }`, gated as stored.
 pub fn batch_norm_relu_backward(
     dy: &Tensor,
     y: &Tensor,
@@ -371,8 +413,8 @@ pub(crate) fn backward_into(
         dgamma.expect_output_for("batch_norm_backward dgamma output", &[layout.channels], x)?;
         dbeta.expect_output_for("batch_norm_backward dbeta output", &[layout.channels], x)?;
     }
+    let lanes = Lanes::of(layout).holding(OP, relu_output.map_or(DType::F32, Tensor::dtype), x)?;
     if let Some(y) = relu_output {
-        require_f32(OP, y)?;
         if y.dims() != x.dims() {
             return Err(AetherError::ShapeMismatch {
                 op: OP,
@@ -381,9 +423,10 @@ pub(crate) fn backward_into(
             });
         }
         same_device(OP, &[dy, y])?;
-        if y.host_f32().is_some() {
+        if dy.host_f32().is_some() {
             // The CPU path takes ReLU's gradient first, then the plain backward.
-            return backward_into(&relu_backward(y, dy)?, x, gamma, stats, None, None);
+            let y = Tensor::from_f32(y.dims().to_vec(), y.to_vec_f32()?, &Device::Cpu)?;
+            return backward_into(&relu_backward(&y, dy)?, x, gamma, stats, None, None);
         }
     }
     if let (Some(dys), Some(xs), Some(g), Some(mean), Some(inv_std)) = (
@@ -410,11 +453,11 @@ pub(crate) fn backward_into(
         BACKWARD_SUMS_SHADER,
         &[dy, gate, x, &stats.mean, &stats.inv_std],
         layout,
+        lanes,
         relu_output.is_some(),
     )?;
     let into = outputs.map(|(dgamma, dbeta)| [dbeta, dgamma]);
     let ([dbeta, dgamma], _) = finalize(ctx, &sums, layout, Finish::Sums, 0.0, None, into)?;
-    let lanes = Lanes::of(layout);
     let pipeline = lanes.pipeline(ctx, "batchnorm_backward_dx", &[BACKWARD_DX_SHADER])?;
     let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let len = x.numel() / lanes.width;
@@ -657,10 +700,13 @@ fn pipeline(
 
 /// How many consecutive channels an invocation of the elementwise and
 /// partial-sum kernels moves: 4 where the channel count divides by 4
-/// (shaders/ops/batchnorm_lanes4.wgsl), else 1.
+/// (shaders/ops/batchnorm_lanes4.wgsl), else 1; and how the activations they
+/// write (normalize) or gate by (the fused ReLU's backward) are stored.
 #[derive(Clone, Copy)]
 struct Lanes {
     width: usize,
+    /// F32, or F16 (width 4 only; shaders/ops/batchnorm_act_f16.wgsl).
+    activations: DType,
 }
 
 impl Lanes {
@@ -671,30 +717,51 @@ impl Lanes {
             } else {
                 1
             },
+            activations: DType::F32,
         }
     }
 
-    /// `kernel`'s pipeline at this width: ReLU's bit tests, the lane header,
-    /// then `sources`.
+    /// These lanes with activations stored as `dtype`: f32, or f16 where the
+    /// GPU kernels can pack it (4 lanes) or on the CPU; else a typed error
+    /// naming `x`'s shape.
+    fn holding(self, op: &'static str, dtype: DType, x: &Tensor) -> Result<Self> {
+        let packs = self.width == 4 || x.host_f32().is_some();
+        match dtype {
+            DType::F32 => Ok(self),
+            DType::F16 if packs => Ok(Self {
+                activations: dtype,
+                ..self
+            }),
+            _ => Err(AetherError::InvalidShape {
+                op,
+                shape: x.dims().to_vec(),
+                reason: format!(
+                    "activations as {dtype:?}: f32, or f16 where the channel count divides by 4"
+                ),
+            }),
+        }
+    }
+
+    /// `kernel`'s pipeline at this width and activation storage: ReLU's bit
+    /// tests, the lane and activation headers, then `sources`.
     fn pipeline(
         self,
         ctx: &GpuContext,
         kernel: &'static str,
         sources: &[&'static str],
     ) -> Result<Arc<wgpu::ComputePipeline>> {
-        let (variant, header) = match self.width {
-            4 => (
-                "lanes4",
-                include_str!("../../shaders/ops/batchnorm_lanes4.wgsl"),
-            ),
-            _ => (
-                "lanes1",
-                include_str!("../../shaders/ops/batchnorm_lanes1.wgsl"),
-            ),
+        const LANES4: &str = include_str!("../../shaders/ops/batchnorm_lanes4.wgsl");
+        const LANES1: &str = include_str!("../../shaders/ops/batchnorm_lanes1.wgsl");
+        const ACT_F32: &str = include_str!("../../shaders/ops/batchnorm_act_f32.wgsl");
+        const ACT_F16: &str = include_str!("../../shaders/ops/batchnorm_act_f16.wgsl");
+        let (variant, headers): (_, &[&str]) = match (self.width, self.activations) {
+            (4, DType::F16) => ("lanes4_f16", &[LANES4, F16_BITS, ACT_F16]),
+            (4, _) => ("lanes4", &[LANES4, ACT_F32]),
+            _ => ("lanes1", &[LANES1, ACT_F32]),
         };
         ctx.pipelines()
             .require(&PipelineKey::new(kernel, variant), "main", || {
-                [&[RELU_BITS, header], sources].concat().concat().into()
+                [&[RELU_BITS], headers, sources].concat().concat().into()
             })
     }
 }
@@ -708,9 +775,9 @@ fn partial_sums(
     source: &'static str,
     inputs: &[&Tensor],
     layout: Layout,
+    lanes: Lanes,
     relu_gate: bool,
 ) -> Result<[Tensor; 2]> {
-    let lanes = Lanes::of(layout);
     let pipeline = lanes.pipeline(ctx, kernel, &[REDUCE_SHADER, source])?;
     let chunks = layout.rows.div_ceil(CHUNK_ROWS);
     let partial = || Tensor::uninit_gpu(ctx, Shape::new([chunks, layout.channels])?, DType::F32);
@@ -812,18 +879,19 @@ fn finalize(
 }
 
 /// Records the normalize kernel. `spread` is inv_std, or with `variance_eps` the
-/// variance to turn into `1 / sqrt(var + eps)`; `relu` applies the fused ReLU.
+/// variance to turn into `1 / sqrt(var + eps)`; `out` says whether the fused
+/// ReLU runs and the output's dtype (`lanes`' activations).
 fn normalize_gpu(
     ctx: &Arc<GpuContext>,
     x: &Tensor,
+    lanes: Lanes,
     [mean, spread]: [&Tensor; 2],
     [gamma, beta]: [&Tensor; 2],
     variance_eps: Option<f32>,
-    relu: bool,
+    out: NormOutput,
 ) -> Result<Tensor> {
-    let lanes = Lanes::of(Layout::of("batch_norm", x)?);
     let pipeline = lanes.pipeline(ctx, "batchnorm_normalize", &[NORMALIZE_SHADER])?;
-    let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
+    let y = Tensor::uninit_gpu(ctx, x.shape().clone(), out.dtype)?;
     let len = x.numel() / lanes.width;
     let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
     let params = [
@@ -832,7 +900,7 @@ fn normalize_gpu(
         row_stride,
         u32::from(variance_eps.is_some()),
         variance_eps.unwrap_or(0.0).to_bits(),
-        u32::from(relu),
+        u32::from(out.relu),
     ];
     ctx.dispatch(
         "batchnorm_normalize",
