@@ -4,6 +4,7 @@
 //!
 //!     cargo run --release --example cifar10_breakdown -- \
 //!         [--batch-size 256] [--repeats 30] [--device auto|gpu|cpu] [--json PATH]
+//!         [--f32-activations]
 //!
 //! - ms/step: the median over `--repeats` steps of upload + record + submit +
 //!   wait, each step synchronised on its own (what a caller of `train_batch`
@@ -20,7 +21,9 @@
 //!   a step and its total device footprint, and the step's GPU time by kernel
 //!   with the largest cost named.
 //!
-//! On the CPU path only the step time is measured (no timestamps there).
+//! `--f32-activations` keeps every activation f32 (`Model::f16_activations(false)`),
+//! to measure what the f16 ones save. On the CPU path only the step time is
+//! measured (no timestamps there).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -32,13 +35,14 @@ use aether::{Device, Model, Result};
 use serde::Serialize;
 
 const USAGE: &str = "usage: cifar10_breakdown [--batch-size N] [--repeats N] \
-                     [--device auto|gpu|cpu] [--json PATH]";
+                     [--device auto|gpu|cpu] [--json PATH] [--f32-activations]";
 
 struct Args {
     batch: usize,
     repeats: usize,
     device: Option<DevicePreference>,
     json: Option<String>,
+    f16_activations: bool,
 }
 
 impl Args {
@@ -48,6 +52,7 @@ impl Args {
             repeats: 30,
             device: None,
             json: None,
+            f16_activations: true,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -68,6 +73,7 @@ impl Args {
                     })
                 }
                 "--json" => args.json = Some(value()?),
+                "--f32-activations" => args.f16_activations = false,
                 "--help" | "-h" => return Err(USAGE.into()),
                 other => return Err(format!("unknown option {other:?}\n{USAGE}")),
             }
@@ -147,9 +153,10 @@ fn run(args: &Args) -> Result<()> {
     println!("{adapter}");
     let batch = args.batch;
     let (x, y) = synthetic_images(batch, 32, 32, 1);
-    let mut model = aether::zoo::cifar10_v1(1);
+    let mut model = aether::zoo::cifar10_v1(1).f16_activations(args.f16_activations);
     model.to(&device)?;
     model.finalize(&[32, 32, 3])?;
+    println!("layers writing f16 outputs: {:?}", model.f16_outputs());
     let sync = || match device.gpu_context() {
         Some(ctx) => {
             ctx.flush();
