@@ -457,6 +457,36 @@ test_device!(
     }
 );
 
+/// f16 activations take no dispatch of their own: BatchNorm writes them in its
+/// normalize pass, and the conv after it casts only its gradient, once for
+/// both of its backward GEMMs (dweight and dinput each cast it before).
+#[test]
+fn f16_activations_add_no_dispatch() {
+    let Some((ctx, _)) = v1_on_own_gpu(2) else {
+        return;
+    };
+    let device = Device::Gpu(ctx.clone());
+    let (x, y) = synthetic_images(8, SIDE, SIDE, 4);
+    let dispatches_per_step = |f16: bool| {
+        let mut model = aether::zoo::cifar10_v1(2).f16_activations(f16);
+        model.to(&device).unwrap();
+        model.finalize(&[SIDE, SIDE, 3]).unwrap();
+        model.train_batch(&x, &y).unwrap();
+        let before = ctx.dispatch_count();
+        model.train_batch(&x, &y).unwrap();
+        (ctx.dispatch_count() - before, model.f16_outputs())
+    };
+    let (half, half_layers) = dispatches_per_step(true);
+    let (single, _) = dispatches_per_step(false);
+    report(&format!(
+        "[aether-test] {half} dispatches a step with f16 outputs from layers {half_layers:?}, {single} without"
+    ));
+    assert_eq!(
+        half, single,
+        "dispatches a step, f16 activations against f32"
+    );
+}
+
 /// The first training step (train-mode BatchNorm, dropout masks, loss) gives
 /// the same loss on the GPU as on the CPU for the same seed.
 #[test]

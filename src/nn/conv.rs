@@ -175,12 +175,14 @@ impl Layer for Conv2d {
         let x = cached(&self.input, "Conv2d::backward")?.clone();
         let params = self.weights()?.params;
         let dims = x.shape().nhwc("Conv2d::backward input")?;
-        // One fused cast feeds both gradients (dinput would otherwise cast dy again).
-        let both_f32 = dy.dtype() == DType::F32 && x.dtype() == DType::F32;
-        let (dy, x) = if f16_kernels_first(x.gpu_context()) && both_f32 {
-            conv_backward_cast_fp16(dy, &x)?
-        } else {
-            (dy.clone(), x)
+        // Cast once here for both gradients (dweight and dinput would each cast
+        // dy otherwise): dy with x in one fused dispatch, or dy alone where x
+        // came as f16 (a batch uploaded as f16, or f16 activations).
+        let f16_kernels = f16_kernels_first(x.gpu_context()) && dy.dtype() == DType::F32;
+        let (dy, x) = match x.dtype() {
+            DType::F32 if f16_kernels => conv_backward_cast_fp16(dy, &x)?,
+            DType::F16 if f16_kernels => (cast_f16(dy, true)?, x),
+            _ => (dy.clone(), x),
         };
         self.grads = Some(conv2d_dweight_into(
             &x,
