@@ -126,6 +126,8 @@ pub struct Model {
     f16_activations: bool,
     /// Per layer: its output written as f16 (see [`Model::f16_activations`]).
     f16_outputs: Vec<bool>,
+    /// Per layer: its input gradient returned as f16.
+    f16_input_grads: Vec<bool>,
     seed: u64,
     step: u64,
 }
@@ -154,6 +156,7 @@ impl Model {
             folded: Vec::new(),
             f16_activations: true,
             f16_outputs: Vec::new(),
+            f16_input_grads: Vec::new(),
             seed: 0,
             step: 0,
         }
@@ -175,11 +178,13 @@ impl Model {
 
     /// Whether a layer whose output the next layer rounds to f16 anyway (a
     /// conv with f16 kernels, on a GPU) writes it as f16 where it can
-    /// (BatchNorm): bit-identical inputs for the next layer in half the
-    /// bytes, and no cast of its own. The one difference: the fused ReLU's
-    /// gradient is gated by the stored value, so a positive output below f16's
-    /// smallest subnormal (2^-25), which the conv saw as 0, passes none. On by
-    /// default; takes effect at `finalize` and `to`.
+    /// (BatchNorm), and whether a layer whose input gradient the layer before
+    /// rounds to f16 anyway (such a conv again, clipping to +-65504) returns
+    /// it that way: bit-identical operands for the conv in half the bytes, and
+    /// no casts of its own. The one difference: the fused ReLU's gradient is
+    /// gated by the stored value, so a positive output below f16's smallest
+    /// subnormal (2^-25), which the conv saw as 0, passes none. On by default;
+    /// takes effect at `finalize` and `to`.
     pub fn f16_activations(mut self, on: bool) -> Self {
         self.f16_activations = on;
         self
@@ -237,17 +242,24 @@ impl Model {
         Ok(())
     }
 
-    /// Tells each layer whether the next one that runs rounds its input to f16
-    /// on the model's device (see [`Model::f16_activations`]).
+    /// Tells each layer whether the next one that runs rounds its input to
+    /// f16, and whether the one before rounds its output gradient to f16, on
+    /// the model's device (see [`Model::f16_activations`]).
     fn plan_f16_outputs(&mut self) {
         let n = self.layers.len();
         self.f16_outputs = vec![false; n];
-        for i in 0..n {
-            let next = (i + 1..n).find(|&j| !self.is_folded(j));
-            let rounded = self.f16_activations
-                && !self.is_folded(i)
-                && next.is_some_and(|j| self.layers[j].rounds_input_to_f16(&self.device));
-            self.f16_outputs[i] = self.layers[i].output_rounded_to_f16(rounded);
+        self.f16_input_grads = vec![false; n];
+        let device = &self.device;
+        let running: Vec<usize> = (0..n).filter(|&i| !self.is_folded(i)).collect();
+        for (k, &i) in running.iter().enumerate() {
+            let (before, after) = (k.checked_sub(1).map(|k| running[k]), running.get(k + 1));
+            let on = self.f16_activations;
+            let rounds_output =
+                on && after.is_some_and(|&j| self.layers[j].rounds_input_to_f16(device));
+            let rounds_grad =
+                on && before.is_some_and(|j| self.layers[j].rounds_output_grad_to_f16(device));
+            self.f16_outputs[i] = self.layers[i].output_rounded_to_f16(rounds_output);
+            self.f16_input_grads[i] = self.layers[i].input_grad_rounded_to_f16(rounds_grad);
         }
     }
 
@@ -256,6 +268,14 @@ impl Model {
     pub fn f16_outputs(&self) -> Vec<usize> {
         (0..self.f16_outputs.len())
             .filter(|&i| self.f16_outputs[i])
+            .collect()
+    }
+
+    /// Indices of the layers whose backward returns the input gradient as
+    /// f16 for the layer before (see [`Model::f16_activations`]).
+    pub fn f16_input_grads(&self) -> Vec<usize> {
+        (0..self.f16_input_grads.len())
+            .filter(|&i| self.f16_input_grads[i])
             .collect()
     }
 

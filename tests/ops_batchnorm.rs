@@ -6,12 +6,13 @@
 
 mod common;
 
+use aether::conv::cast_f16;
 use aether::ops::activation::relu_backward;
 use aether::ops::batchnorm::{
     BatchNormStats, CHUNK_ROWS, NormOutput, RunningStats, batch_norm_backward,
-    batch_norm_inference, batch_norm_inference_as, batch_norm_relu_backward,
-    batch_norm_relu_inference, batch_norm_relu_train, batch_norm_train, batch_norm_train_running,
-    update_running_stats,
+    batch_norm_backward_as, batch_norm_inference, batch_norm_inference_as,
+    batch_norm_relu_backward, batch_norm_relu_inference, batch_norm_relu_train, batch_norm_train,
+    batch_norm_train_running, update_running_stats,
 };
 use aether::ops::relu;
 use aether::{AetherError, DType, Device, Tensor};
@@ -634,7 +635,7 @@ fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) {
 }
 
 test_device!(
-    f16_outputs_are_the_f32_outputs_rounded_and_gate_as_stored,
+    f16_outputs_and_dx_are_the_f32_ones_rounded_and_gate_as_stored,
     |device: &Device| {
         let mut rng = Rng::fresh();
         let halves = |t: &Tensor| -> Vec<u16> {
@@ -733,20 +734,39 @@ test_device!(
                     &format!("inference y of {ctx}"),
                 );
 
-                if relu {
-                    // The gate is the stored f16: ReLU's gradient of y16 as f32.
+                // The gate is the stored f16: ReLU's gradient of y16 as f32.
+                let gated = if relu {
                     let y16_f32 = Tensor::from_f32(dims.to_vec(), y16_wide, device).unwrap();
-                    let gated = relu_backward(&y16_f32, &dy).unwrap();
-                    let want = batch_norm_backward(&gated, &x, &gamma, &stats).unwrap();
-                    let got = batch_norm_relu_backward(&dy, &y16, &x, &gamma, &stats).unwrap();
-                    for (name, a, b) in [
-                        ("dx", &got.0, &want.0),
-                        ("dgamma", &got.1, &want.1),
-                        ("dbeta", &got.2, &want.2),
-                    ] {
-                        same(&bits(a), &bits(b), &format!("{name} of {ctx}"));
-                    }
+                    relu_backward(&y16_f32, &dy).unwrap()
+                } else {
+                    dy.clone()
+                };
+                let want = batch_norm_backward(&gated, &x, &gamma, &stats).unwrap();
+                let gate = relu.then_some(&y16);
+                let backward = |dx| batch_norm_backward_as(&dy, &x, &gamma, &stats, gate, dx);
+                let got = backward(DType::F32).unwrap();
+                for (name, a, b) in [
+                    ("dx", &got.0, &want.0),
+                    ("dgamma", &got.1, &want.1),
+                    ("dbeta", &got.2, &want.2),
+                ] {
+                    same(&bits(a), &bits(b), &format!("{name} of {ctx}"));
                 }
+                // dx as f16: clipped and rounded as the conv's gradient cast.
+                let got = backward(DType::F16).unwrap();
+                let want_dx = cast_f16(&want.0, true).unwrap();
+                same(
+                    &halves(&got.0),
+                    &halves(&want_dx),
+                    &format!("f16 dx of {ctx}"),
+                );
+                let clipped = values(&want.0).iter().filter(|v| v.abs() > 65504.0).count();
+                assert!(clipped > 0, "no dx beyond f16's range in {ctx}");
+                same(
+                    &bits(&got.1),
+                    &bits(&want.1),
+                    &format!("dgamma with f16 dx, {ctx}"),
+                );
             }
         }
         // The GPU kernels pack f16 four channels at a time: 6 channels is a

@@ -4,7 +4,8 @@
 // a `Lanes` of values per invocation (batchnorm_lanes*.wgsl; `len` and
 // `channels` count lanes). With params.relu_gate, dy is taken only where the
 // fused ReLU's output `relu_y` is > 0 (on its bits, as relu_backward: NaN does
-// not pass).
+// not pass). `dx` is stored as batchnorm_grad_*.wgsl says (f32, or clipped f16
+// for a conv before that rounds its gradient to f16).
 
 @group(0) @binding(0) var<storage, read> dy: array<Lanes>;
 @group(0) @binding(1) var<storage, read> relu_y: array<ActBits>;
@@ -14,7 +15,7 @@
 @group(0) @binding(5) var<storage, read> gamma: array<Lanes>;
 @group(0) @binding(6) var<storage, read> sum_dy: array<Lanes>;
 @group(0) @binding(7) var<storage, read> sum_dy_xhat: array<Lanes>;
-@group(0) @binding(8) var<storage, read_write> dx: array<Lanes>;
+@group(0) @binding(8) var<storage, read_write> dx: array<GradBits>;
 
 struct Params {
     len: u32,
@@ -39,5 +40,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (params.relu_gate != 0u) {
         g = select(Lanes(0.0), g, act_passes(relu_y[i]));
     }
-    dx[i] = gamma[c] * s * (g - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count));
+    dx[i] = grad_bits(gamma[c] * s * (g - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count)));
 }

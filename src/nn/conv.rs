@@ -161,6 +161,11 @@ impl Layer for Conv2d {
         f16_kernels_first(device.gpu_context())
     }
 
+    /// The backward casts its gradient to f16, clipped to +-65504, first.
+    fn rounds_output_grad_to_f16(&self, device: &Device) -> bool {
+        f16_kernels_first(device.gpu_context())
+    }
+
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let kernel = self.kernel_operand()?;
         let w = self.weights()?;
@@ -176,12 +181,13 @@ impl Layer for Conv2d {
         let params = self.weights()?.params;
         let dims = x.shape().nhwc("Conv2d::backward input")?;
         // Cast once here for both gradients (dweight and dinput would each cast
-        // dy otherwise): dy with x in one fused dispatch, or dy alone where x
-        // came as f16 (a batch uploaded as f16, or f16 activations).
-        let f16_kernels = f16_kernels_first(x.gpu_context()) && dy.dtype() == DType::F32;
-        let (dy, x) = match x.dtype() {
-            DType::F32 if f16_kernels => conv_backward_cast_fp16(dy, &x)?,
-            DType::F16 if f16_kernels => (cast_f16(dy, true)?, x),
+        // dy otherwise): dy with x in one fused dispatch, or whichever of them
+        // came as f32 (a batch uploaded as f16, f16 activations and gradients).
+        let (dy, x) = match (dy.dtype(), x.dtype()) {
+            _ if !f16_kernels_first(x.gpu_context()) => (dy.clone(), x),
+            (DType::F32, DType::F32) => conv_backward_cast_fp16(dy, &x)?,
+            (DType::F32, _) => (cast_f16(dy, true)?, x),
+            (_, DType::F32) => (dy.clone(), cast_f16(&x, false)?),
             _ => (dy.clone(), x),
         };
         self.grads = Some(conv2d_dweight_into(

@@ -199,6 +199,22 @@ pub trait Layer: Send {
         false
     }
 
+    /// True when, on `device`, the layer clips the gradient of its output to
+    /// +-65504 and rounds it to f16 before any use (a conv whose kernels take
+    /// f16 operands): the layer after it may then hand it over as f16.
+    fn rounds_output_grad_to_f16(&self, _device: &Device) -> bool {
+        false
+    }
+
+    /// Told (after every build and device move) whether the previous layer
+    /// rounds the gradient this one returns to f16
+    /// ([`Layer::rounds_output_grad_to_f16`]): a layer that can then returns
+    /// it as f16, clipped and rounded the same way. Returns whether it will;
+    /// by default no.
+    fn input_grad_rounded_to_f16(&mut self, _rounded: bool) -> bool {
+        false
+    }
+
     /// Parameters with the gradients of the last `backward`.
     fn trainables(&mut self) -> Vec<Trainable<'_>> {
         Vec::new()

@@ -22,6 +22,9 @@ pub struct BatchNorm {
     /// The output's dtype: F16 where the next layer rounds its input to f16
     /// (see `Layer::output_rounded_to_f16`).
     output: DType,
+    /// The input gradient's dtype: F16 where the layer before rounds its
+    /// output gradient to f16 (see `Layer::input_grad_rounded_to_f16`).
+    input_grad: DType,
     /// Input, batch statistics and, with the fused ReLU, the output it gates by.
     cache: Option<(Tensor, BatchNormStats, Option<Tensor>)>,
     grads: Option<(Tensor, Tensor)>,
@@ -45,6 +48,7 @@ impl BatchNorm {
             channels: 0,
             relu: false,
             output: DType::F32,
+            input_grad: DType::F32,
             cache: None,
             grads: None,
             grad_outputs: None,
@@ -87,6 +91,7 @@ impl Layer for BatchNorm {
         // after every build.
         self.relu = false;
         self.output = DType::F32;
+        self.input_grad = DType::F32;
         self.channels = c;
         let filled = |v: f32| Tensor::from_f32(vec![c], vec![v; c], device);
         self.state = Some(NormState {
@@ -139,7 +144,9 @@ impl Layer for BatchNorm {
         };
         let gamma = &self.state()?.gamma;
         let outputs = self.grad_outputs.as_ref();
-        let (dx, dgamma, dbeta) = backward_into(dy, x, gamma, stats, relu_y.as_ref(), outputs)?;
+        let dx_dtype = self.input_grad;
+        let (dx, dgamma, dbeta) =
+            backward_into(dy, x, gamma, stats, relu_y.as_ref(), outputs, dx_dtype)?;
         self.grads = Some((dgamma, dbeta));
         Ok(need_dx.then_some(dx))
     }
@@ -153,6 +160,13 @@ impl Layer for BatchNorm {
     fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
         let f16 = rounded && self.channels.is_multiple_of(4);
         self.output = if f16 { DType::F16 } else { DType::F32 };
+        f16
+    }
+
+    /// Written as clipped f16 where the GPU kernels pack 4 channels at a time.
+    fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
+        let f16 = rounded && self.channels.is_multiple_of(4);
+        self.input_grad = if f16 { DType::F16 } else { DType::F32 };
         f16
     }
 

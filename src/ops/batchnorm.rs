@@ -26,6 +26,7 @@ use rayon::prelude::*;
 
 use half::f16;
 
+use crate::conv::cast_f16;
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
@@ -368,7 +369,7 @@ pub fn batch_norm_backward(
     gamma: &Tensor,
     stats: &BatchNormStats,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    backward_into(dy, x, gamma, stats, None, None)
+    backward_into(dy, x, gamma, stats, None, None, DType::F32)
 }
 
 /// The backward of [`batch_norm_relu_train`], whose output was `y`: `dy` is
@@ -383,12 +384,28 @@ pub fn batch_norm_relu_backward(
     gamma: &Tensor,
     stats: &BatchNormStats,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    backward_into(dy, x, gamma, stats, Some(y), None)
+    backward_into(dy, x, gamma, stats, Some(y), None, DType::F32)
 }
 
-/// [`batch_norm_backward`] (with `relu_output`: [`batch_norm_relu_backward`]);
-/// on the GPU, writing `(dgamma, dbeta)` into `outputs` when given (a layer's
-/// segments of the optimizer's packed gradients).
+/// [`batch_norm_backward`] (with `relu_output`: [`batch_norm_relu_backward`])
+/// with dx stored as `dx`: `DType::F16` clips it to +-65504 (NaN kept, +-inf
+/// clamped) and rounds it as `half::f16::from_f32`, exactly as a conv with f16
+/// kernels casts the gradient it is given, for a conv before this layer. On
+/// the GPU that needs a channel count divisible by 4.
+pub fn batch_norm_backward_as(
+    dy: &Tensor,
+    x: &Tensor,
+    gamma: &Tensor,
+    stats: &BatchNormStats,
+    relu_output: Option<&Tensor>,
+    dx: DType,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    backward_into(dy, x, gamma, stats, relu_output, None, dx)
+}
+
+/// [`batch_norm_backward_as`]; on the GPU, writing `(dgamma, dbeta)` into
+/// `outputs` when given (a layer's segments of the optimizer's packed
+/// gradients).
 pub(crate) fn backward_into(
     dy: &Tensor,
     x: &Tensor,
@@ -396,6 +413,7 @@ pub(crate) fn backward_into(
     stats: &BatchNormStats,
     relu_output: Option<&Tensor>,
     outputs: Option<&(Tensor, Tensor)>,
+    dx_dtype: DType,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     const OP: &str = "batch_norm_backward";
     let layout = Layout::of(OP, x)?;
@@ -414,6 +432,7 @@ pub(crate) fn backward_into(
         dbeta.expect_output_for("batch_norm_backward dbeta output", &[layout.channels], x)?;
     }
     let lanes = Lanes::of(layout).holding(OP, relu_output.map_or(DType::F32, Tensor::dtype), x)?;
+    let dx_lanes = lanes.with_gradients(OP, dx_dtype, x)?;
     if let Some(y) = relu_output {
         if y.dims() != x.dims() {
             return Err(AetherError::ShapeMismatch {
@@ -426,7 +445,8 @@ pub(crate) fn backward_into(
         if dy.host_f32().is_some() {
             // The CPU path takes ReLU's gradient first, then the plain backward.
             let y = Tensor::from_f32(y.dims().to_vec(), y.to_vec_f32()?, &Device::Cpu)?;
-            return backward_into(&relu_backward(&y, dy)?, x, gamma, stats, None, None);
+            let gated = relu_backward(&y, dy)?;
+            return backward_into(&gated, x, gamma, stats, None, None, dx_dtype);
         }
     }
     if let (Some(dys), Some(xs), Some(g), Some(mean), Some(inv_std)) = (
@@ -438,8 +458,12 @@ pub(crate) fn backward_into(
     ) {
         let (dx, dgamma, dbeta) = backward_cpu(dys, xs, g, mean, inv_std, layout);
         let device = x.device();
+        let dx = Tensor::from_f32(x.dims().to_vec(), dx, &device)?;
         return Ok((
-            Tensor::from_f32(x.dims().to_vec(), dx, &device)?,
+            match dx_dtype {
+                DType::F16 => cast_f16(&dx, true)?,
+                _ => dx,
+            },
             Tensor::from_f32(vec![layout.channels], dgamma, &device)?,
             Tensor::from_f32(vec![layout.channels], dbeta, &device)?,
         ));
@@ -458,8 +482,8 @@ pub(crate) fn backward_into(
     )?;
     let into = outputs.map(|(dgamma, dbeta)| [dbeta, dgamma]);
     let ([dbeta, dgamma], _) = finalize(ctx, &sums, layout, Finish::Sums, 0.0, None, into)?;
-    let pipeline = lanes.pipeline(ctx, "batchnorm_backward_dx", &[BACKWARD_DX_SHADER])?;
-    let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
+    let pipeline = dx_lanes.pipeline(ctx, "batchnorm_backward_dx", &[BACKWARD_DX_SHADER])?;
+    let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), dx_dtype)?;
     let len = x.numel() / lanes.width;
     let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
     let params = [
@@ -707,6 +731,9 @@ struct Lanes {
     width: usize,
     /// F32, or F16 (width 4 only; shaders/ops/batchnorm_act_f16.wgsl).
     activations: DType,
+    /// How backward dx is stored: F32, or clipped F16 (width 4 only;
+    /// shaders/ops/batchnorm_grad_f16.wgsl).
+    gradients: DType,
 }
 
 impl Lanes {
@@ -718,6 +745,7 @@ impl Lanes {
                 1
             },
             activations: DType::F32,
+            gradients: DType::F32,
         }
     }
 
@@ -725,18 +753,41 @@ impl Lanes {
     /// GPU kernels can pack it (4 lanes) or on the CPU; else a typed error
     /// naming `x`'s shape.
     fn holding(self, op: &'static str, dtype: DType, x: &Tensor) -> Result<Self> {
-        let packs = self.width == 4 || x.host_f32().is_some();
+        Self::check_storage(op, "activations", dtype, self.width, x)?;
+        Ok(Self {
+            activations: dtype,
+            ..self
+        })
+    }
+
+    /// These lanes with backward dx stored as `dtype`, checked as in
+    /// [`Lanes::holding`].
+    fn with_gradients(self, op: &'static str, dtype: DType, x: &Tensor) -> Result<Self> {
+        Self::check_storage(op, "dx", dtype, self.width, x)?;
+        Ok(Self {
+            gradients: dtype,
+            ..self
+        })
+    }
+
+    /// `Ok` for f32, and for f16 where the GPU kernels can pack it (4 lanes)
+    /// or on the CPU; else a typed error naming `x`'s shape.
+    fn check_storage(
+        op: &'static str,
+        what: &str,
+        dtype: DType,
+        width: usize,
+        x: &Tensor,
+    ) -> Result<()> {
+        let packs = width == 4 || x.host_f32().is_some();
         match dtype {
-            DType::F32 => Ok(self),
-            DType::F16 if packs => Ok(Self {
-                activations: dtype,
-                ..self
-            }),
+            DType::F32 => Ok(()),
+            DType::F16 if packs => Ok(()),
             _ => Err(AetherError::InvalidShape {
                 op,
                 shape: x.dims().to_vec(),
                 reason: format!(
-                    "activations as {dtype:?}: f32, or f16 where the channel count divides by 4"
+                    "{what} as {dtype:?}: f32, or f16 where the channel count divides by 4"
                 ),
             }),
         }
@@ -754,10 +805,19 @@ impl Lanes {
         const LANES1: &str = include_str!("../../shaders/ops/batchnorm_lanes1.wgsl");
         const ACT_F32: &str = include_str!("../../shaders/ops/batchnorm_act_f32.wgsl");
         const ACT_F16: &str = include_str!("../../shaders/ops/batchnorm_act_f16.wgsl");
-        let (variant, headers): (_, &[&str]) = match (self.width, self.activations) {
-            (4, DType::F16) => ("lanes4_f16", &[LANES4, F16_BITS, ACT_F16]),
-            (4, _) => ("lanes4", &[LANES4, ACT_F32]),
-            _ => ("lanes1", &[LANES1, ACT_F32]),
+        const GRAD_F32: &str = include_str!("../../shaders/ops/batchnorm_grad_f32.wgsl");
+        const GRAD_F16: &str = include_str!("../../shaders/ops/batchnorm_grad_f16.wgsl");
+        use DType::F16;
+        let (variant, headers): (_, &[&str]) = match (self.width, self.activations, self.gradients)
+        {
+            (4, F16, F16) => (
+                "lanes4_f16act_f16grad",
+                &[LANES4, F16_BITS, ACT_F16, GRAD_F16],
+            ),
+            (4, F16, _) => ("lanes4_f16act", &[LANES4, F16_BITS, ACT_F16, GRAD_F32]),
+            (4, _, F16) => ("lanes4_f16grad", &[LANES4, F16_BITS, ACT_F32, GRAD_F16]),
+            (4, _, _) => ("lanes4", &[LANES4, ACT_F32, GRAD_F32]),
+            _ => ("lanes1", &[LANES1, ACT_F32, GRAD_F32]),
         };
         ctx.pipelines()
             .require(&PipelineKey::new(kernel, variant), "main", || {
