@@ -156,7 +156,11 @@ fn run(args: &Args) -> Result<()> {
     let mut model = aether::zoo::cifar10_v1(1).f16_activations(args.f16_activations);
     model.to(&device)?;
     model.finalize(&[32, 32, 3])?;
-    println!("layers writing f16 outputs: {:?}", model.f16_outputs());
+    println!(
+        "layers writing f16 outputs: {:?}; returning f16 input gradients: {:?}",
+        model.f16_outputs(),
+        model.f16_input_grads()
+    );
     let sync = || match device.gpu_context() {
         Some(ctx) => {
             ctx.flush();
