@@ -318,7 +318,7 @@ fn profile(
             } else {
                 0.0
             };
-        let mut variants: Vec<&str> = plans.iter().map(|(_, _, p)| p.variant.name()).collect();
+        let mut variants: Vec<&str> = plans.iter().map(|(_, _, p)| p.kernel_name()).collect();
         variants.sort();
         variants.dedup();
         let (forward_ms, backward_ms) = (ms("forward"), ms("backward"));

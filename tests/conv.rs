@@ -102,6 +102,31 @@ fn cases() -> Vec<Case> {
             input: [4, 8, 8, 16],
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
+        // Stride 1, channels that tile and whole blocks of output rows: the
+        // coop variants run the forward's halo kernel (at tile 16 blocks of
+        // 4 x 32 positions, at tile 8 of 8 x 16; two blocks of output channels
+        // at tile 8), once with a 3x5 filter and asymmetric padding.
+        Case {
+            name: "3x3 same, halo kernel",
+            input: [2, 8, 32, 16],
+            params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
+        Case {
+            name: "3x5 explicit, halo kernel",
+            input: [1, 8, 16, 32],
+            params: p(
+                32,
+                (3, 5),
+                (1, 1),
+                Padding::Explicit {
+                    top: 2,
+                    bottom: 0,
+                    left: 1,
+                    right: 3,
+                },
+                (1, 1),
+            ),
+        },
         // Channel counts divisible by 8 switch the coop core to run loads.
         Case {
             name: "3x3 same, runs on every operand, M and K end mid-block",
@@ -175,6 +200,13 @@ test_device!(
                 let dyt = tensor(&meta.output_dims(), &dy, device);
                 let y = conv2d_forward(&xt, &wt, &bt, &case.params, &plans).unwrap();
                 assert_eq!(y.dims(), meta.output_dims());
+                if case.name.contains("halo kernel") && variant.starts_with("coop") {
+                    let summary = plans.summary();
+                    let halo = summary.iter().any(|(direction, _, plan)| {
+                        *direction == ConvDirection::Forward && plan.halo.is_some()
+                    });
+                    assert!(halo, "forward {ctx}: the halo kernel did not run");
+                }
                 let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);
                 assert!(err <= bound, "forward {ctx}: error {err:e} > {bound:e}");
                 let (dw, db) = conv2d_dweight(&xt, &dyt, &case.params, &plans).unwrap();

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::coop::CoopBlock;
+use super::halo::HaloBlock;
 use crate::diagnostics::warn_once;
 use crate::gpu::{GpuCapabilities, GpuContext, GpuSlice, PipelineKey};
 use crate::tensor::{DType, Tensor};
@@ -323,6 +324,8 @@ pub struct ConvLaunchPlan {
     pub workgroups: [u32; 3],
     /// The coop core's block (coop variants only).
     pub coop: Option<CoopBlock>,
+    /// The forward's halo kernel, which then runs instead of the coop core.
+    pub halo: Option<HaloBlock>,
     /// Number of independent slices of the reduction (dweight only; 1 elsewhere).
     pub split_k: u32,
 }
@@ -486,6 +489,11 @@ impl ConvKernel {
         }
         let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
         let (fits, direct_c) = match (&self.gemm, plan.coop) {
+            (Some(runs), Some(_)) if let Some(halo) = plan.halo => {
+                key.source_constants.push(("HALO", 1));
+                key.source_constants.extend(halo.constants(subgroup));
+                ((runs.fits)(meta), None)
+            }
             (Some(runs), Some(block)) => {
                 let fits = (runs.fits)(meta);
                 let run = |fits: bool| if fits { GEMM_RUN as u32 } else { 1 };
@@ -523,11 +531,12 @@ impl ConvKernel {
                     + &operand_reader(runs.b, f32_storage(runs.b), fits[1]);
                 parts.push(&readers);
                 parts.extend(self.parts);
-                core = match plan.coop {
-                    Some(block) => {
+                core = match (plan.halo, plan.coop) {
+                    (Some(halo), _) => Cow::Owned(halo.core_source(FORWARD_HALO, subgroup)),
+                    (None, Some(block)) => {
                         Cow::Owned(block.core_source(COOP_GEMM, subgroup, runs.along_k, direct_c))
                     }
-                    None => Cow::Borrowed(PORTABLE_GEMM),
+                    (None, None) => Cow::Borrowed(PORTABLE_GEMM),
                 };
                 parts.push(&core);
             } else {
@@ -770,8 +779,34 @@ impl ConvLaunchPlan {
             tile_k,
             workgroups: grid.map(|g| g as u32),
             coop,
+            halo: None,
             split_k: 1,
         })
+    }
+
+    /// The variant's name, with "+halo" where the forward's halo kernel runs.
+    pub fn kernel_name(&self) -> &'static str {
+        match (self.halo, self.variant) {
+            (Some(_), ConvVariant::Coop { tile: 16 }) => "coop16+halo",
+            (Some(_), _) => "coop8+halo",
+            (None, variant) => variant.name(),
+        }
+    }
+
+    /// This plan with the forward's halo kernel where it fits `meta` (a coop
+    /// plan only), else unchanged.
+    pub(crate) fn with_halo(self, meta: &ConvShapeMeta, caps: &GpuCapabilities) -> Self {
+        let Some(block) = self.coop else {
+            return self;
+        };
+        match HaloBlock::fit(block.tile, meta, caps) {
+            Ok(halo) => Self {
+                halo: Some(halo),
+                workgroups: halo.grid(meta).map(|g| g as u32),
+                ..self
+            },
+            Err(_) => self,
+        }
     }
 }
 
@@ -784,6 +819,8 @@ pub(crate) const IM2COL: &str = include_str!("../../shaders/conv/im2col.wgsl");
 pub(crate) const PORTABLE_GEMM: &str = include_str!("../../shaders/conv/portable_gemm.wgsl");
 /// The cooperative-matrix GEMM core (constants and generated pieces filled in by [`CoopBlock`]).
 pub(crate) const COOP_GEMM: &str = include_str!("../../shaders/conv/coop_gemm.wgsl");
+/// The forward's halo kernel, in place of the GEMM core where [`HaloBlock`] fits.
+pub(crate) const FORWARD_HALO: &str = include_str!("../../shaders/conv/forward_halo.wgsl");
 
 /// Full WGSL for a kernel: `enable` lines for the variant, the operand type
 /// alias, the prelude, then the kernel's own parts.

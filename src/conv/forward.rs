@@ -66,12 +66,25 @@ pub fn conv2d_forward(
         plan_first(ctx, plans, &KERNEL, &meta, &x_f32, |variant| {
             accepts_operand(variant, x)?;
             accepts_operand(variant, w)?;
-            ConvLaunchPlan::gemm(
+            let gemm = ConvLaunchPlan::gemm(
                 ConvDirection::Forward,
                 ctx,
                 variant,
                 [meta.m, meta.c_out, 1],
-            )
+            )?;
+            // The halo kernel where it fits and compiles; should it fail to
+            // compile (the pipeline cache has warned), the coop GEMM core.
+            let halo = gemm.with_halo(&meta, ctx.caps());
+            let compiles = || {
+                KERNEL
+                    .pipeline_for_inputs(ctx, &halo, &meta, &x_f32)
+                    .is_some()
+            };
+            Ok(if halo != gemm && compiles() {
+                halo
+            } else {
+                gemm
+            })
         })
     })?;
     // The plan was checked with this shape's input dtype; another dtype may need

@@ -1,5 +1,6 @@
 //! The convolution package: geometry and planning (`common`), the three GEMM
-//! directions (`forward`, `dweight`, `dinput`), the coop GEMM's block geometry (`coop`) and the fp16 casts (`cast`).
+//! directions (`forward`, `dweight`, `dinput`), the coop GEMM's block geometry (`coop`),
+//! the forward's halo kernel for stride-1 convs (`halo`) and the fp16 casts (`cast`).
 //! WGSL sources live in `shaders/conv/`.
 
 pub mod cast;
@@ -8,6 +9,7 @@ pub mod coop;
 pub mod dinput;
 pub mod dweight;
 pub mod forward;
+pub mod halo;
 mod im2col;
 
 pub use cast::{cast_f16, clip_f16_range, conv_backward_cast_fp16};
@@ -19,3 +21,4 @@ pub use coop::CoopBlock;
 pub use dinput::conv2d_dinput;
 pub use dweight::conv2d_dweight;
 pub use forward::conv2d_forward;
+pub use halo::HaloBlock;

@@ -1,0 +1,268 @@
+//! The forward conv's halo kernel (shaders/conv/forward_halo.wgsl): for
+//! stride-1, undilated convs on the cooperative-matrix variant, MMAs read
+//! straight from a staged input tile instead of the GEMM core's im2col
+//! staging. This module decides where it applies and writes its WGSL.
+
+use super::common::ConvShapeMeta;
+use crate::gpu::GpuCapabilities;
+
+/// Environment variable that turns the halo kernel off (`0`), for comparing
+/// it with the GEMM core on the same binary.
+pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
+
+/// Output positions a block aims for (as the GEMM core's tall blocks: 128).
+const BLOCK_POSITIONS: usize = 128;
+/// Subgroups per workgroup, all along the positions.
+const SUBGROUPS: u32 = 4;
+/// Output-channel tiles per subgroup.
+const CHANNEL_TILES: u32 = 2;
+
+/// One workgroup's share of the forward: `rows x cols` output positions of
+/// one image (`cols` a multiple of the tile) by `2 * tile` output channels,
+/// over 4 subgroups of `position_tiles x 2` tiles; with the staged sizes that
+/// follow from the filter (written into the WGSL: naga sizes workgroup
+/// arrays with constants only, not the shape's override constants).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HaloBlock {
+    pub tile: u32,
+    pub rows: u32,
+    pub cols: u32,
+    pub position_tiles: u32,
+    /// Input channels, and halo rows and columns: `rows + R - 1`, `cols + S - 1`.
+    pub halo: [u32; 3],
+    /// Rows of one filter row's taps: `S * C_in`.
+    pub tap_rows: u32,
+}
+
+impl HaloBlock {
+    /// The block for `meta` at `tile`, or why the halo kernel does not apply
+    /// (the GEMM core then runs): stride 1 and no dilation, whole blocks
+    /// (so every tile goes straight into the output), channel counts that
+    /// tile, and workgroup memory and invocations within the adapter's limits.
+    pub fn fit(
+        tile: u32,
+        meta: &ConvShapeMeta,
+        caps: &GpuCapabilities,
+    ) -> std::result::Result<Self, String> {
+        if std::env::var(HALO_ENV).is_ok_and(|v| v == "0") {
+            return Err(format!("{HALO_ENV}=0"));
+        }
+        let t = tile as usize;
+        if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
+            return Err("stride or dilation above 1".into());
+        }
+        if !meta.c_in.is_multiple_of(t) || !meta.c_out.is_multiple_of(2 * t) {
+            return Err(format!(
+                "channels {} -> {} do not tile by {t} and {}",
+                meta.c_in,
+                meta.c_out,
+                2 * t
+            ));
+        }
+        let cols = if meta.w_out.is_multiple_of(2 * t) {
+            2 * t
+        } else {
+            t
+        };
+        let rows = BLOCK_POSITIONS / cols;
+        if !meta.w_out.is_multiple_of(t) || !meta.h_out.is_multiple_of(rows) {
+            return Err(format!(
+                "output {}x{} is not whole {rows}x{cols} blocks",
+                meta.h_out, meta.w_out
+            ));
+        }
+        let block = Self {
+            tile,
+            rows: rows as u32,
+            cols: cols as u32,
+            position_tiles: (BLOCK_POSITIONS / t) as u32 / SUBGROUPS,
+            halo: [meta.c_in, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
+            tap_rows: (meta.s * meta.c_in) as u32,
+        };
+        let Some((min, max)) = caps.subgroup_size else {
+            return Err("no subgroup support".into());
+        };
+        let limits = &caps.limits;
+        if min != max || SUBGROUPS * max > limits.max_compute_invocations_per_workgroup {
+            return Err(format!("subgroup size {min}..{max}"));
+        }
+        let bytes = block.workgroup_bytes();
+        if bytes > limits.max_compute_workgroup_storage_size as usize {
+            return Err(format!("{bytes} bytes of workgroup memory"));
+        }
+        let blocks = block.grid(meta)[0];
+        if blocks > limits.max_compute_workgroups_per_dimension as usize {
+            return Err(format!("{blocks} blocks"));
+        }
+        Ok(block)
+    }
+
+    /// Output channels per block.
+    fn channels(&self) -> usize {
+        (CHANNEL_TILES * self.tile) as usize
+    }
+
+    /// The halo and one filter row's taps, each padded by 8 halves per row.
+    pub fn workgroup_bytes(&self) -> usize {
+        let [c_in, h, w] = self.halo.map(|v| v as usize);
+        (h * w * (c_in + 8) + self.tap_rows as usize * (self.channels() + 8)) * 2
+    }
+
+    /// Workgroups: blocks of positions (images first), blocks of channels.
+    pub fn grid(&self, meta: &ConvShapeMeta) -> [usize; 3] {
+        let per_image = meta.h_out / self.rows as usize * (meta.w_out / self.cols as usize);
+        [meta.n * per_image, meta.c_out / self.channels(), 1]
+    }
+
+    /// The constants forward_halo.wgsl expects, for `subgroup` invocations per
+    /// subgroup.
+    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 12] {
+        let [c_in, halo_h, halo_w] = self.halo;
+        [
+            ("T", self.tile),
+            ("SUBGROUP", subgroup),
+            ("SG_M", SUBGROUPS),
+            ("SG_N", 1),
+            ("PT", self.position_tiles),
+            ("CT", CHANNEL_TILES),
+            ("BH", self.rows),
+            ("BW", self.cols),
+            ("HALO_C", c_in),
+            ("HALO_H", halo_h),
+            ("HALO_W", halo_w),
+            ("TAP_ROWS", self.tap_rows),
+        ]
+    }
+
+    /// The kernel's WGSL for this block: `template` with the constants and the
+    /// generated pieces filled in.
+    pub fn core_source(&self, template: &str, subgroup: u32) -> String {
+        let mat = format!("coop_mat{t}x{t}", t = self.tile);
+        let pt = self.position_tiles;
+        let tiles = || (0..pt).flat_map(|i| (0..CHANNEL_TILES).map(move |j| (i, j)));
+        let mut consts = String::new();
+        for (name, value) in self.constants(subgroup) {
+            consts += &format!("const {name}: u32 = {value}u;\n");
+        }
+        let mut decls = String::new();
+        for i in 0..pt {
+            decls += &format!(
+                "    let br_{i} = (sg_m * PT + {i}u) / (BW / T);
+    let bc_{i} = ((sg_m * PT + {i}u) % (BW / T)) * T;
+"
+            );
+        }
+        for (i, j) in tiles() {
+            // Stride 0: every row of the tile starts as the same T biases.
+            decls += &format!(
+                "    var acc_{i}_{j} = coopLoadT<{mat}<f32, C>>(&bias[sub_col + {j}u * T], 0u);\n"
+            );
+        }
+        let mut step = String::new();
+        for i in 0..pt {
+            step += &format!(
+                "                let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
+            );
+        }
+        for j in 0..CHANNEL_TILES {
+            step += &format!(
+                "                let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[(s * C_IN + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
+            );
+        }
+        for (i, j) in tiles() {
+            step += &format!(
+                "                acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n"
+            );
+        }
+        let mut stores = String::new();
+        for (i, j) in tiles() {
+            stores += &format!(
+                "    coopStoreT(acc_{i}_{j}, &y[((n * H_OUT + oh0 + br_{i}) * W_OUT + ow0 + bc_{i}) * C_OUT + sub_col + {j}u * T], C_OUT);\n"
+            );
+        }
+        let body = template
+            .replace("    // generated: tile origins br_i, bc_i and accumulators acc_i_j\n", &decls)
+            .replace(
+                "                // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds\n",
+                &step,
+            )
+            .replace("    // generated: per accumulator, coopStore into y\n", &stores);
+        consts + &body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv::{ConvParams, Padding};
+
+    const TEMPLATE: &str = include_str!("../../shaders/conv/forward_halo.wgsl");
+
+    #[test]
+    fn every_generated_piece_is_filled_in() {
+        let block = HaloBlock {
+            tile: 16,
+            rows: 4,
+            cols: 32,
+            position_tiles: 2,
+            halo: [32, 6, 34],
+            tap_rows: 96,
+        };
+        let src = block.core_source(TEMPLATE, 32);
+        let marker = |line: &str| line.trim_start().starts_with("// generated:");
+        assert!(!src.lines().any(marker), "a marker was left unreplaced");
+        assert!(src.contains("acc_1_1 = coopMultiplyAdd(a_1, b_1, acc_1_1);"));
+        assert!(!src.contains("acc_2_0"));
+        assert!(src.contains("const BW: u32 = 32u;"));
+    }
+
+    /// An H200-like adapter: subgroups of 32, 48 KiB of workgroup memory.
+    fn caps() -> GpuCapabilities {
+        GpuCapabilities {
+            adapter_name: "test".into(),
+            backend: wgpu::Backend::Vulkan,
+            device_type: wgpu::DeviceType::DiscreteGpu,
+            driver: String::new(),
+            shader_f16: true,
+            subgroup_size: Some((32, 32)),
+            timestamps: false,
+            pipeline_cache: false,
+            immediate_bytes: 0,
+            coop_matrix: Vec::new(),
+            coop_disabled: false,
+            limits: wgpu::Limits {
+                max_compute_workgroup_storage_size: 48 * 1024,
+                ..wgpu::Limits::default()
+            },
+        }
+    }
+
+    #[test]
+    fn v1_layers_take_the_blocks_the_halo_and_taps_fit() {
+        let meta = |input, c_out| {
+            ConvShapeMeta::new(input, &ConvParams::new(c_out, 3, Padding::Same)).unwrap()
+        };
+        let caps = caps();
+        let conv2 = meta([256, 32, 32, 32], 32);
+        let block = HaloBlock::fit(16, &conv2, &caps).unwrap();
+        assert_eq!((block.rows, block.cols, block.position_tiles), (4, 32, 2));
+        // 6 x 34 pixels of 40 halves, 3 x 32 tap rows of 40 halves.
+        assert_eq!(block.workgroup_bytes(), (6 * 34 * 40 + 96 * 40) * 2);
+        assert_eq!(block.grid(&conv2), [256 * 8, 1, 1]);
+        // 64 -> 64 at 16 x 16: 10 x 18 pixels of 72 halves, 3 x 64 tap rows.
+        let conv4 = meta([256, 16, 16, 64], 64);
+        let block = HaloBlock::fit(16, &conv4, &caps).unwrap();
+        assert_eq!((block.rows, block.cols), (8, 16));
+        assert_eq!(block.workgroup_bytes(), (10 * 18 * 72 + 192 * 40) * 2);
+        assert_eq!(block.grid(&conv4), [256 * 2, 2, 1]);
+        // 8 x 8 outputs are no whole 16-wide runs; stride 2 has no halo.
+        let conv5 = meta([256, 8, 8, 64], 128);
+        assert!(HaloBlock::fit(16, &conv5, &caps).is_err());
+        let strided = ConvParams {
+            stride: (2, 2),
+            ..ConvParams::new(32, 3, Padding::Same)
+        };
+        let strided = ConvShapeMeta::new([2, 32, 32, 32], &strided).unwrap();
+        assert!(HaloBlock::fit(16, &strided, &caps).is_err());
+    }
+}
