@@ -4,10 +4,11 @@
 //! staging. This module decides where it applies and writes its WGSL.
 
 use super::common::ConvShapeMeta;
+use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
-/// Environment variable that turns the halo kernel off (`0`), for comparing
-/// it with the GEMM core on the same binary.
+/// Environment variable for tuning: `0` turns the halo kernel off (the GEMM
+/// core runs), `POSITIONSxCHANNEL_TILES` (e.g. `128x2`) pins its block.
 pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 
 /// Output positions a block aims for (as the GEMM core's tall blocks: 128).
@@ -17,9 +18,35 @@ const SUBGROUPS: u32 = 4;
 /// Output-channel tiles per subgroup.
 const CHANNEL_TILES: u32 = 2;
 
+/// The block size `(positions, channel tiles)`: the tuning override, or the rule.
+fn block_size() -> std::result::Result<(usize, u32), String> {
+    let Ok(text) = std::env::var(HALO_ENV) else {
+        return Ok((BLOCK_POSITIONS, CHANNEL_TILES));
+    };
+    let parsed = text
+        .split_once('x')
+        .and_then(|(p, c)| Some((p.trim().parse().ok()?, c.trim().parse().ok()?)));
+    match parsed {
+        Some((positions, tiles)) if positions > 0 && (1..=8).contains(&tiles) => {
+            Ok((positions, tiles))
+        }
+        _ if text == "0" => Err(format!("{HALO_ENV}=0")),
+        _ => {
+            warn_once(
+                &format!("halo-env:{text}"),
+                &format!(
+                    "{HALO_ENV}={text:?} is neither 0 nor POSITIONSxCHANNEL_TILES (e.g. 128x2): \
+                     the forward's halo kernel is off"
+                ),
+            );
+            Err(format!("{HALO_ENV}={text}"))
+        }
+    }
+}
+
 /// One workgroup's share of the forward: `rows x cols` output positions of
-/// one image (`cols` a multiple of the tile) by `2 * tile` output channels,
-/// over 4 subgroups of `position_tiles x 2` tiles; with the staged sizes that
+/// one image (`cols` a multiple of the tile) by `channel_tiles` tiles of output channels,
+/// over 4 subgroups of `position_tiles x channel_tiles` tiles; with the staged sizes that
 /// follow from the filter (written into the WGSL: naga sizes workgroup
 /// arrays with constants only, not the shape's override constants).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -28,6 +55,7 @@ pub struct HaloBlock {
     pub rows: u32,
     pub cols: u32,
     pub position_tiles: u32,
+    pub channel_tiles: u32,
     /// Input channels, and halo rows and columns: `rows + R - 1`, `cols + S - 1`.
     pub halo: [u32; 3],
     /// Rows of one filter row's taps: `S * C_in`.
@@ -44,19 +72,16 @@ impl HaloBlock {
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
     ) -> std::result::Result<Self, String> {
-        if std::env::var(HALO_ENV).is_ok_and(|v| v == "0") {
-            return Err(format!("{HALO_ENV}=0"));
-        }
+        let (positions, channel_tiles) = block_size()?;
         let t = tile as usize;
         if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
             return Err("stride or dilation above 1".into());
         }
-        if !meta.c_in.is_multiple_of(t) || !meta.c_out.is_multiple_of(2 * t) {
+        let block_channels = channel_tiles as usize * t;
+        if !meta.c_in.is_multiple_of(t) || !meta.c_out.is_multiple_of(block_channels) {
             return Err(format!(
-                "channels {} -> {} do not tile by {t} and {}",
-                meta.c_in,
-                meta.c_out,
-                2 * t
+                "channels {} -> {} do not tile by {t} and {block_channels}",
+                meta.c_in, meta.c_out
             ));
         }
         let cols = if meta.w_out.is_multiple_of(2 * t) {
@@ -64,7 +89,11 @@ impl HaloBlock {
         } else {
             t
         };
-        let rows = BLOCK_POSITIONS / cols;
+        let rows = positions / cols;
+        let tiles = positions / t;
+        if rows == 0 || !tiles.is_multiple_of(SUBGROUPS as usize) {
+            return Err(format!("{positions} positions in {SUBGROUPS} subgroups"));
+        }
         if !meta.w_out.is_multiple_of(t) || !meta.h_out.is_multiple_of(rows) {
             return Err(format!(
                 "output {}x{} is not whole {rows}x{cols} blocks",
@@ -75,7 +104,8 @@ impl HaloBlock {
             tile,
             rows: rows as u32,
             cols: cols as u32,
-            position_tiles: (BLOCK_POSITIONS / t) as u32 / SUBGROUPS,
+            position_tiles: (tiles / SUBGROUPS as usize) as u32,
+            channel_tiles,
             halo: [meta.c_in, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             tap_rows: (meta.s * meta.c_in) as u32,
         };
@@ -99,7 +129,7 @@ impl HaloBlock {
 
     /// Output channels per block.
     fn channels(&self) -> usize {
-        (CHANNEL_TILES * self.tile) as usize
+        (self.channel_tiles * self.tile) as usize
     }
 
     /// The halo and one filter row's taps, each padded by 8 halves per row.
@@ -124,7 +154,7 @@ impl HaloBlock {
             ("SG_M", SUBGROUPS),
             ("SG_N", 1),
             ("PT", self.position_tiles),
-            ("CT", CHANNEL_TILES),
+            ("CT", self.channel_tiles),
             ("BH", self.rows),
             ("BW", self.cols),
             ("HALO_C", c_in),
@@ -139,7 +169,8 @@ impl HaloBlock {
     pub fn core_source(&self, template: &str, subgroup: u32) -> String {
         let mat = format!("coop_mat{t}x{t}", t = self.tile);
         let pt = self.position_tiles;
-        let tiles = || (0..pt).flat_map(|i| (0..CHANNEL_TILES).map(move |j| (i, j)));
+        let ct = self.channel_tiles;
+        let tiles = || (0..pt).flat_map(|i| (0..ct).map(move |j| (i, j)));
         let mut consts = String::new();
         for (name, value) in self.constants(subgroup) {
             consts += &format!("const {name}: u32 = {value}u;\n");
@@ -164,7 +195,7 @@ impl HaloBlock {
                 "                let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
             );
         }
-        for j in 0..CHANNEL_TILES {
+        for j in 0..ct {
             step += &format!(
                 "                let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[(s * C_IN + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
             );
@@ -205,6 +236,7 @@ mod tests {
             rows: 4,
             cols: 32,
             position_tiles: 2,
+            channel_tiles: 2,
             halo: [32, 6, 34],
             tap_rows: 96,
         };
