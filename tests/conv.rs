@@ -113,7 +113,7 @@ fn cases() -> Vec<Case> {
         },
         Case {
             name: "3x5 explicit, halo kernel",
-            input: [1, 8, 16, 32],
+            input: [1, 8, 16, 16],
             params: p(
                 32,
                 (3, 5),
