@@ -8,7 +8,9 @@ use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
 /// Environment variable for tuning: `0` turns the halo kernel off (the GEMM
-/// core runs), `POSITIONSxCHANNEL_TILES` (e.g. `128x2`) pins its block.
+/// core runs), `POSITIONSxCHANNEL_TILESxFILTER_ROWS` (e.g. `128x2x1`) pins
+/// its block: output positions, output-channel tiles per subgroup, and filter
+/// rows whose taps are staged per step.
 pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 
 /// Output positions a block aims for (as the GEMM core's tall blocks: 128).
@@ -17,30 +19,34 @@ const BLOCK_POSITIONS: usize = 128;
 const SUBGROUPS: u32 = 4;
 /// Output-channel tiles per subgroup.
 const CHANNEL_TILES: u32 = 2;
+/// Filter rows whose taps one step stages.
+const FILTER_ROWS: u32 = 1;
 /// Workgroup memory the rule allows a block. Measured on the H200
 /// (docs/perf-notes.md, entry 53): the 32 -> 32 and 32 -> 64 convs' 22-24 KiB
 /// blocks beat the GEMM core by 11-15%; the 64 -> 64 conv's 41 KiB block
 /// (fewer workgroups per SM) lost 25%, and every other block size lost more.
 const RULE_BYTES: usize = 24 * 1024;
 
-/// The block size `(positions, channel tiles)`: the tuning override, or the rule.
-fn block_size() -> std::result::Result<(usize, u32), String> {
+/// The block size `(positions, channel tiles, filter rows per step)`: the
+/// tuning override, or the rule.
+fn block_size() -> std::result::Result<(usize, u32, u32), String> {
     let Ok(text) = std::env::var(HALO_ENV) else {
-        return Ok((BLOCK_POSITIONS, CHANNEL_TILES));
+        return Ok((BLOCK_POSITIONS, CHANNEL_TILES, FILTER_ROWS));
     };
-    let parsed = text
-        .split_once('x')
-        .and_then(|(p, c)| Some((p.trim().parse().ok()?, c.trim().parse().ok()?)));
-    match parsed {
-        Some((positions, tiles)) if positions > 0 && (1..=8).contains(&tiles) => {
-            Ok((positions, tiles))
+    let parsed: Option<Vec<usize>> = text.split('x').map(|v| v.trim().parse().ok()).collect();
+    match parsed.as_deref() {
+        Some(&[positions, tiles, rows])
+            if positions > 0 && (1..=8).contains(&tiles) && rows > 0 =>
+        {
+            Ok((positions, tiles as u32, rows as u32))
         }
         _ if text == "0" => Err(format!("{HALO_ENV}=0")),
         _ => {
             warn_once(
                 &format!("halo-env:{text}"),
                 &format!(
-                    "{HALO_ENV}={text:?} is neither 0 nor POSITIONSxCHANNEL_TILES (e.g. 128x2): \
+                    "{HALO_ENV}={text:?} is neither 0 nor POSITIONSxCHANNEL_TILESxFILTER_ROWS \
+                     (e.g. 128x2x1): \
                      the forward's halo kernel is off"
                 ),
             );
@@ -61,9 +67,11 @@ pub struct HaloBlock {
     pub cols: u32,
     pub position_tiles: u32,
     pub channel_tiles: u32,
+    /// Filter rows whose taps one step stages (a divisor of R).
+    pub filter_rows: u32,
     /// Input channels, and halo rows and columns: `rows + R - 1`, `cols + S - 1`.
     pub halo: [u32; 3],
-    /// Rows of one filter row's taps: `S * C_in`.
+    /// Rows of one step's taps: `filter_rows * S * C_in`.
     pub tap_rows: u32,
 }
 
@@ -77,7 +85,7 @@ impl HaloBlock {
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
     ) -> std::result::Result<Self, String> {
-        let (positions, channel_tiles) = block_size()?;
+        let (positions, channel_tiles, filter_rows) = block_size()?;
         let t = tile as usize;
         if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
             return Err("stride or dilation above 1".into());
@@ -94,6 +102,9 @@ impl HaloBlock {
         } else {
             t
         };
+        if !meta.r.is_multiple_of(filter_rows as usize) {
+            return Err(format!("{filter_rows} filter rows a step of {}", meta.r));
+        }
         let rows = positions / cols;
         let tiles = positions / t;
         if rows == 0 || !tiles.is_multiple_of(SUBGROUPS as usize) {
@@ -111,8 +122,9 @@ impl HaloBlock {
             cols: cols as u32,
             position_tiles: (tiles / SUBGROUPS as usize) as u32,
             channel_tiles,
+            filter_rows,
             halo: [meta.c_in, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
-            tap_rows: (meta.s * meta.c_in) as u32,
+            tap_rows: filter_rows * (meta.s * meta.c_in) as u32,
         };
         let Some((min, max)) = caps.subgroup_size else {
             return Err("no subgroup support".into());
@@ -140,7 +152,7 @@ impl HaloBlock {
         (self.channel_tiles * self.tile) as usize
     }
 
-    /// The halo and one filter row's taps, each padded by 8 halves per row.
+    /// The halo and one step's taps, each padded by 8 halves per row.
     pub fn workgroup_bytes(&self) -> usize {
         let [c_in, h, w] = self.halo.map(|v| v as usize);
         (h * w * (c_in + 8) + self.tap_rows as usize * (self.channels() + 8)) * 2
@@ -154,7 +166,7 @@ impl HaloBlock {
 
     /// The constants forward_halo.wgsl expects, for `subgroup` invocations per
     /// subgroup.
-    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 12] {
+    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 13] {
         let [c_in, halo_h, halo_w] = self.halo;
         [
             ("T", self.tile),
@@ -165,6 +177,7 @@ impl HaloBlock {
             ("CT", self.channel_tiles),
             ("BH", self.rows),
             ("BW", self.cols),
+            ("RPS", self.filter_rows),
             ("HALO_C", c_in),
             ("HALO_H", halo_h),
             ("HALO_W", halo_w),
@@ -200,17 +213,17 @@ impl HaloBlock {
         let mut step = String::new();
         for i in 0..pt {
             step += &format!(
-                "                let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
+                "                    let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
             );
         }
         for j in 0..ct {
             step += &format!(
-                "                let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[(s * C_IN + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
+                "                    let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[((rr * S + s) * C_IN + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
             );
         }
         for (i, j) in tiles() {
             step += &format!(
-                "                acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n"
+                "                    acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n"
             );
         }
         let mut stores = String::new();
@@ -222,7 +235,7 @@ impl HaloBlock {
         let body = template
             .replace("    // generated: tile origins br_i, bc_i and accumulators acc_i_j\n", &decls)
             .replace(
-                "                // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds\n",
+                "                    // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds\n",
                 &step,
             )
             .replace("    // generated: per accumulator, coopStore into y\n", &stores);
@@ -245,6 +258,7 @@ mod tests {
             cols: 32,
             position_tiles: 2,
             channel_tiles: 2,
+            filter_rows: 1,
             halo: [32, 6, 34],
             tap_rows: 96,
         };
