@@ -6,21 +6,20 @@
 // contiguous, so one row-major matrix load with the pixel stride. Each input
 // value is fetched from global memory once per block (the GEMM core fetches it
 // once per tap, R * S times), and the whole reduction needs 2 barriers per
-// step of RPS filter rows instead of 2 per staged step.
+// step of TPS taps instead of 2 per staged step of the GEMM core.
 //
 // A workgroup computes BH x BW output positions (whole T-wide runs of one
 // image's rows) by BN output channels. It stages the halo, (BH + R - 1) x
 // (BW + S - 1) pixels of C_IN channels (zeros in the padding), once; then per
-// step of RPS filter rows the RPS * S * C_IN x BN slice of the weights
-// ("taps"). SG_M x SG_N subgroups each own PT position tiles by CT channel
+// step of TPS filter taps the TPS * C_IN x BN slice of the weights ("taps"). SG_M x SG_N subgroups each own PT position tiles by CT channel
 // tiles; the accumulators start from the bias and go straight into y (the
 // host only picks this kernel where every block lies inside the output).
 // Staged pixels and tap rows are padded by 8 halves: 16-byte aligned matrix
 // loads, successive rows in different banks.
 //
 // Written in by the host (src/conv/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
-// BH, BW, RPS, the staged sizes HALO_C (= C_IN), HALO_H, HALO_W and
-// TAP_ROWS (= RPS * S * C_IN), and the pieces marked `// generated:` (declaring, multiplying and
+// BH, BW, TPS, the staged sizes HALO_C (= C_IN), HALO_H, HALO_W and
+// TAP_ROWS (= TPS * C_IN), and the pieces marked `// generated:` (declaring, multiplying and
 // storing the PT x CT accumulators, which WGSL cannot hold in an indexable
 // array). The operand readers `x_run` / `w_run` come from the conv kernel
 // (src/conv/common.rs), reading x as f16 or, converting, as f32.
@@ -80,7 +79,7 @@ fn main(
     let sg_m = sg / SG_N;
     let sub_col = col0 + (sg % SG_N) * CT * T;
     // generated: tile origins br_i, bc_i and accumulators acc_i_j
-    for (var step = 0u; step < R / RPS; step++) {
+    for (var step = 0u; step < R * S / TPS; step++) {
         // The halo is staged, and the previous step's taps are read.
         workgroupBarrier();
         for (var g = lidx; g < TAP_RUNS; g += THREADS) {
@@ -89,12 +88,11 @@ fn main(
             stage_run(false, k * LDW + n8 / 4u, w_run(i32((step * TAP_ROWS + k) * C_OUT + col0 + n8)));
         }
         workgroupBarrier();
-        for (var rr = 0u; rr < RPS; rr++) {
-            let r = step * RPS + rr;
-            for (var s = 0u; s < S; s++) {
-                for (var c0 = 0u; c0 < C_IN; c0 += T) {
-                    // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds
-                }
+        for (var tt = 0u; tt < TPS; tt++) {
+            let r = (step * TPS + tt) / S;
+            let s = (step * TPS + tt) % S;
+            for (var c0 = 0u; c0 < C_IN; c0 += T) {
+                // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds
             }
         }
     }

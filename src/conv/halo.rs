@@ -8,9 +8,9 @@ use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
 /// Environment variable for tuning: `0` turns the halo kernel off (the GEMM
-/// core runs), `POSITIONSxCHANNEL_TILESxFILTER_ROWS` (e.g. `128x2x1`) pins
-/// its block: output positions, output-channel tiles per subgroup, and filter
-/// rows whose taps are staged per step.
+/// core runs), `POSITIONSxCHANNEL_TILESxTAPS` (e.g. `128x2x3`) pins its
+/// block: output positions, output-channel tiles per subgroup, and filter
+/// taps staged per step (a divisor of R * S).
 pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 
 /// Output positions a block aims for (as the GEMM core's tall blocks: 128).
@@ -19,19 +19,21 @@ const BLOCK_POSITIONS: usize = 128;
 const SUBGROUPS: u32 = 4;
 /// Output-channel tiles per subgroup.
 const CHANNEL_TILES: u32 = 2;
-/// Filter rows whose taps one step stages.
-const FILTER_ROWS: u32 = 1;
+/// Filter taps one step stages, where the filter has that many; else one
+/// filter row.
+const TAPS: usize = 3;
 /// Workgroup memory the rule allows a block. Measured on the H200
 /// (docs/perf-notes.md, entry 53): the 32 -> 32 and 32 -> 64 convs' 22-24 KiB
 /// blocks beat the GEMM core by 11-15%; the 64 -> 64 conv's 41 KiB block
 /// (fewer workgroups per SM) lost 25%, and every other block size lost more.
 const RULE_BYTES: usize = 24 * 1024;
 
-/// The block size `(positions, channel tiles, filter rows per step)`: the
-/// tuning override, or the rule.
-fn block_size() -> std::result::Result<(usize, u32, u32), String> {
+/// The block size `(positions, channel tiles, taps per step)` for a filter
+/// of `taps` taps in rows of `row`: the tuning override, or the rule.
+fn block_size(taps: usize, row: usize) -> std::result::Result<(usize, u32, u32), String> {
     let Ok(text) = std::env::var(HALO_ENV) else {
-        return Ok((BLOCK_POSITIONS, CHANNEL_TILES, FILTER_ROWS));
+        let step = if taps.is_multiple_of(TAPS) { TAPS } else { row };
+        return Ok((BLOCK_POSITIONS, CHANNEL_TILES, step as u32));
     };
     let parsed: Option<Vec<usize>> = text.split('x').map(|v| v.trim().parse().ok()).collect();
     match parsed.as_deref() {
@@ -45,8 +47,8 @@ fn block_size() -> std::result::Result<(usize, u32, u32), String> {
             warn_once(
                 &format!("halo-env:{text}"),
                 &format!(
-                    "{HALO_ENV}={text:?} is neither 0 nor POSITIONSxCHANNEL_TILESxFILTER_ROWS \
-                     (e.g. 128x2x1): \
+                    "{HALO_ENV}={text:?} is neither 0 nor POSITIONSxCHANNEL_TILESxTAPS \
+                     (e.g. 128x2x3): \
                      the forward's halo kernel is off"
                 ),
             );
@@ -67,11 +69,11 @@ pub struct HaloBlock {
     pub cols: u32,
     pub position_tiles: u32,
     pub channel_tiles: u32,
-    /// Filter rows whose taps one step stages (a divisor of R).
-    pub filter_rows: u32,
+    /// Filter taps one step stages (a divisor of R * S).
+    pub taps_per_step: u32,
     /// Input channels, and halo rows and columns: `rows + R - 1`, `cols + S - 1`.
     pub halo: [u32; 3],
-    /// Rows of one step's taps: `filter_rows * S * C_in`.
+    /// Rows of one step's taps: `taps_per_step * C_in`.
     pub tap_rows: u32,
 }
 
@@ -85,7 +87,7 @@ impl HaloBlock {
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
     ) -> std::result::Result<Self, String> {
-        let (positions, channel_tiles, filter_rows) = block_size()?;
+        let (positions, channel_tiles, taps_per_step) = block_size(meta.r * meta.s, meta.s)?;
         let t = tile as usize;
         if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
             return Err("stride or dilation above 1".into());
@@ -102,8 +104,11 @@ impl HaloBlock {
         } else {
             t
         };
-        if !meta.r.is_multiple_of(filter_rows as usize) {
-            return Err(format!("{filter_rows} filter rows a step of {}", meta.r));
+        if !(meta.r * meta.s).is_multiple_of(taps_per_step as usize) {
+            return Err(format!(
+                "{taps_per_step} taps a step of {}",
+                meta.r * meta.s
+            ));
         }
         let rows = positions / cols;
         let tiles = positions / t;
@@ -122,9 +127,9 @@ impl HaloBlock {
             cols: cols as u32,
             position_tiles: (tiles / SUBGROUPS as usize) as u32,
             channel_tiles,
-            filter_rows,
+            taps_per_step,
             halo: [meta.c_in, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
-            tap_rows: filter_rows * (meta.s * meta.c_in) as u32,
+            tap_rows: taps_per_step * meta.c_in as u32,
         };
         let Some((min, max)) = caps.subgroup_size else {
             return Err("no subgroup support".into());
@@ -177,7 +182,7 @@ impl HaloBlock {
             ("CT", self.channel_tiles),
             ("BH", self.rows),
             ("BW", self.cols),
-            ("RPS", self.filter_rows),
+            ("TPS", self.taps_per_step),
             ("HALO_C", c_in),
             ("HALO_H", halo_h),
             ("HALO_W", halo_w),
@@ -213,17 +218,17 @@ impl HaloBlock {
         let mut step = String::new();
         for i in 0..pt {
             step += &format!(
-                "                    let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
+                "                let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
             );
         }
         for j in 0..ct {
             step += &format!(
-                "                    let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[((rr * S + s) * C_IN + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
+                "                let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[(tt * C_IN + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
             );
         }
         for (i, j) in tiles() {
             step += &format!(
-                "                    acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n"
+                "                acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n"
             );
         }
         let mut stores = String::new();
@@ -235,7 +240,7 @@ impl HaloBlock {
         let body = template
             .replace("    // generated: tile origins br_i, bc_i and accumulators acc_i_j\n", &decls)
             .replace(
-                "                    // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds\n",
+                "                // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds\n",
                 &step,
             )
             .replace("    // generated: per accumulator, coopStore into y\n", &stores);
@@ -258,7 +263,7 @@ mod tests {
             cols: 32,
             position_tiles: 2,
             channel_tiles: 2,
-            filter_rows: 1,
+            taps_per_step: 3,
             halo: [32, 6, 34],
             tap_rows: 96,
         };
