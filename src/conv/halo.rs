@@ -8,9 +8,9 @@ use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
 /// Environment variable for tuning: `0` turns the halo kernel off (the GEMM
-/// core runs), `POSITIONSxCHANNEL_TILESxTAPS` (e.g. `128x2x3`) pins its
-/// block: output positions, output-channel tiles per subgroup, and filter
-/// taps staged per step (a divisor of R * S).
+/// core runs), `POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS` (e.g. `128x2x3x4`)
+/// pins its block: output positions, output-channel tiles per subgroup,
+/// filter taps staged per step (a divisor of R * S) and subgroups.
 pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 
 /// Output positions a block aims for (as the GEMM core's tall blocks: 128).
@@ -28,27 +28,31 @@ const TAPS: usize = 3;
 /// (fewer workgroups per SM) lost 25%, and every other block size lost more.
 const RULE_BYTES: usize = 24 * 1024;
 
-/// The block size `(positions, channel tiles, taps per step)` for a filter
-/// of `taps` taps in rows of `row`: the tuning override, or the rule.
-fn block_size(taps: usize, row: usize) -> std::result::Result<(usize, u32, u32), String> {
+/// A block's size: output positions, channel tiles per subgroup, taps per
+/// step, subgroups.
+type BlockSize = (usize, u32, u32, u32);
+
+/// The block size for a filter of `taps` taps in rows of `row`: the tuning
+/// override, or the rule.
+fn block_size(taps: usize, row: usize) -> std::result::Result<BlockSize, String> {
     let Ok(text) = std::env::var(HALO_ENV) else {
         let step = if taps.is_multiple_of(TAPS) { TAPS } else { row };
-        return Ok((BLOCK_POSITIONS, CHANNEL_TILES, step as u32));
+        return Ok((BLOCK_POSITIONS, CHANNEL_TILES, step as u32, SUBGROUPS));
     };
     let parsed: Option<Vec<usize>> = text.split('x').map(|v| v.trim().parse().ok()).collect();
     match parsed.as_deref() {
-        Some(&[positions, tiles, rows])
-            if positions > 0 && (1..=8).contains(&tiles) && rows > 0 =>
+        Some(&[positions, tiles, step, subgroups])
+            if positions > 0 && (1..=8).contains(&tiles) && step > 0 && subgroups > 0 =>
         {
-            Ok((positions, tiles as u32, rows as u32))
+            Ok((positions, tiles as u32, step as u32, subgroups as u32))
         }
         _ if text == "0" => Err(format!("{HALO_ENV}=0")),
         _ => {
             warn_once(
                 &format!("halo-env:{text}"),
                 &format!(
-                    "{HALO_ENV}={text:?} is neither 0 nor POSITIONSxCHANNEL_TILESxTAPS \
-                     (e.g. 128x2x3): \
+                    "{HALO_ENV}={text:?} is neither 0 nor \
+                     POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS (e.g. 128x2x3x4): \
                      the forward's halo kernel is off"
                 ),
             );
@@ -59,7 +63,7 @@ fn block_size(taps: usize, row: usize) -> std::result::Result<(usize, u32, u32),
 
 /// One workgroup's share of the forward: `rows x cols` output positions of
 /// one image (`cols` a multiple of the tile) by `channel_tiles` tiles of output channels,
-/// over 4 subgroups of `position_tiles x channel_tiles` tiles; with the staged sizes that
+/// over `subgroups` subgroups of `position_tiles x channel_tiles` tiles; with the staged sizes that
 /// follow from the filter (written into the WGSL: naga sizes workgroup
 /// arrays with constants only, not the shape's override constants).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -69,6 +73,8 @@ pub struct HaloBlock {
     pub cols: u32,
     pub position_tiles: u32,
     pub channel_tiles: u32,
+    /// Subgroups, all along the positions.
+    pub subgroups: u32,
     /// Filter taps one step stages (a divisor of R * S).
     pub taps_per_step: u32,
     /// Input channels, and halo rows and columns: `rows + R - 1`, `cols + S - 1`.
@@ -87,7 +93,8 @@ impl HaloBlock {
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
     ) -> std::result::Result<Self, String> {
-        let (positions, channel_tiles, taps_per_step) = block_size(meta.r * meta.s, meta.s)?;
+        let (positions, channel_tiles, taps_per_step, subgroups) =
+            block_size(meta.r * meta.s, meta.s)?;
         let t = tile as usize;
         if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
             return Err("stride or dilation above 1".into());
@@ -112,8 +119,8 @@ impl HaloBlock {
         }
         let rows = positions / cols;
         let tiles = positions / t;
-        if rows == 0 || !tiles.is_multiple_of(SUBGROUPS as usize) {
-            return Err(format!("{positions} positions in {SUBGROUPS} subgroups"));
+        if rows == 0 || !tiles.is_multiple_of(subgroups as usize) {
+            return Err(format!("{positions} positions in {subgroups} subgroups"));
         }
         if !meta.w_out.is_multiple_of(t) || !meta.h_out.is_multiple_of(rows) {
             return Err(format!(
@@ -125,7 +132,8 @@ impl HaloBlock {
             tile,
             rows: rows as u32,
             cols: cols as u32,
-            position_tiles: (tiles / SUBGROUPS as usize) as u32,
+            position_tiles: (tiles / subgroups as usize) as u32,
+            subgroups,
             channel_tiles,
             taps_per_step,
             halo: [meta.c_in, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
@@ -135,7 +143,7 @@ impl HaloBlock {
             return Err("no subgroup support".into());
         };
         let limits = &caps.limits;
-        if min != max || SUBGROUPS * max > limits.max_compute_invocations_per_workgroup {
+        if min != max || subgroups * max > limits.max_compute_invocations_per_workgroup {
             return Err(format!("subgroup size {min}..{max}"));
         }
         let bytes = block.workgroup_bytes();
@@ -176,7 +184,7 @@ impl HaloBlock {
         [
             ("T", self.tile),
             ("SUBGROUP", subgroup),
-            ("SG_M", SUBGROUPS),
+            ("SG_M", self.subgroups),
             ("SG_N", 1),
             ("PT", self.position_tiles),
             ("CT", self.channel_tiles),
@@ -263,6 +271,7 @@ mod tests {
             cols: 32,
             position_tiles: 2,
             channel_tiles: 2,
+            subgroups: 4,
             taps_per_step: 3,
             halo: [32, 6, 34],
             tap_rows: 96,
