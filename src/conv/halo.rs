@@ -16,16 +16,18 @@ pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 /// Output positions a block aims for (as the GEMM core's tall blocks: 128).
 const BLOCK_POSITIONS: usize = 128;
 /// Subgroups per workgroup, all along the positions.
-const SUBGROUPS: u32 = 4;
+const SUBGROUPS: u32 = 8;
 /// Output-channel tiles per subgroup.
 const CHANNEL_TILES: u32 = 2;
 /// Filter taps one step stages, where the filter has that many; else one
 /// filter row.
 const TAPS: usize = 3;
-/// Workgroup memory the rule allows a block. Measured on the H200
-/// (docs/perf-notes.md, entry 53): the 32 -> 32 and 32 -> 64 convs' 22-24 KiB
-/// blocks beat the GEMM core by 11-15%; the 64 -> 64 conv's 41 KiB block
-/// (fewer workgroups per SM) lost 25%, and every other block size lost more.
+/// Workgroup memory the rule allows a block. The rule's block (128 positions,
+/// 2 channel tiles, 3 taps a step, 8 subgroups) was the fastest of the ones
+/// swept on the H200 (docs/perf-notes.md, entry 53): 25% and 18% faster than
+/// the GEMM core on the 32 -> 32 and 32 -> 64 convs (22-24 KiB blocks); on the
+/// 64 -> 64 conv its 41 KiB block only drew level with it (4 subgroups: 25%
+/// slower), so blocks over 24 KiB keep the GEMM core.
 const RULE_BYTES: usize = 24 * 1024;
 
 /// A block's size: output positions, channel tiles per subgroup, taps per
@@ -313,7 +315,8 @@ mod tests {
         let caps = caps();
         let conv2 = meta([256, 32, 32, 32], 32);
         let block = HaloBlock::fit(16, &conv2, &caps).unwrap();
-        assert_eq!((block.rows, block.cols, block.position_tiles), (4, 32, 2));
+        assert_eq!((block.rows, block.cols, block.position_tiles), (4, 32, 1));
+        assert_eq!(block.subgroups, 8);
         // 6 x 34 pixels of 40 halves, 3 x 32 tap rows of 40 halves.
         assert_eq!(block.workgroup_bytes(), (6 * 34 * 40 + 96 * 40) * 2);
         assert_eq!(block.grid(&conv2), [256 * 8, 1, 1]);
