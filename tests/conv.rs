@@ -111,6 +111,13 @@ fn cases() -> Vec<Case> {
             input: [2, 8, 32, 16],
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
+        // 32 channels in: dweight's halo kernel too (2 tiles of channels a
+        // chunk at tile 16, two chunks at tile 8).
+        Case {
+            name: "3x3 same, halo kernel and dweight halo kernel",
+            input: [1, 8, 32, 32],
+            params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
         Case {
             name: "3x5 explicit, halo kernel",
             input: [1, 8, 16, 16],
@@ -210,6 +217,13 @@ test_device!(
                 let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);
                 assert!(err <= bound, "forward {ctx}: error {err:e} > {bound:e}");
                 let (dw, db) = conv2d_dweight(&xt, &dyt, &case.params, &plans).unwrap();
+                if case.name.contains("dweight halo kernel") && variant.starts_with("coop") {
+                    let summary = plans.summary();
+                    let halo = summary.iter().any(|(direction, _, plan)| {
+                        *direction == ConvDirection::DWeight && plan.dweight_halo.is_some()
+                    });
+                    assert!(halo, "dweight {ctx}: the halo kernel did not run");
+                }
                 let err = norm_rel_error(&dw.to_vec_f32().unwrap(), &want_dw);
                 assert!(err <= bound, "dweight {ctx}: error {err:e} > {bound:e}");
                 let err = norm_rel_error(&db.to_vec_f32().unwrap(), &want_db);

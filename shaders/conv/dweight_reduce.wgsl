@@ -14,6 +14,9 @@ struct Params {
     splits: u32,
     // Workgroups per grid row.
     row_stride: u32,
+    // Values from one slice to the next: K + 1 rows of C_OUT, or more (the
+    // halo kernel's dbias tiles), of which the first K + 1 rows are read.
+    slice_stride: u32,
 }
 @group(0) @binding(3) var<uniform> params: Params;
 
@@ -35,7 +38,7 @@ fn main(
     var sum = 0.0;
     if (i < per_slice) {
         for (var z = lane; z < params.splits; z += SPLIT_LANES) {
-            sum += partial[z * per_slice + i];
+            sum += partial[z * params.slice_stride + i];
         }
     }
     lane_sums[index] = sum;

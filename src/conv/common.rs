@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::coop::CoopBlock;
+use super::dweight_halo::DWeightHalo;
 use super::halo::HaloBlock;
 use crate::diagnostics::warn_once;
 use crate::gpu::{GpuCapabilities, GpuContext, GpuSlice, PipelineKey};
@@ -326,6 +327,8 @@ pub struct ConvLaunchPlan {
     pub coop: Option<CoopBlock>,
     /// The forward's halo kernel, which then runs instead of the coop core.
     pub halo: Option<HaloBlock>,
+    /// dweight's halo kernel, which then runs instead of the coop core.
+    pub dweight_halo: Option<DWeightHalo>,
     /// Number of independent slices of the reduction (dweight only; 1 elsewhere).
     pub split_k: u32,
 }
@@ -494,6 +497,11 @@ impl ConvKernel {
                 key.source_constants.extend(halo.constants(subgroup));
                 ((runs.fits)(meta), None)
             }
+            (Some(runs), Some(_)) if let Some(halo) = plan.dweight_halo => {
+                key.source_constants.push(("HALO", 2));
+                key.source_constants.extend(halo.constants(subgroup, meta));
+                ((runs.fits)(meta), None)
+            }
             (Some(runs), Some(block)) => {
                 let fits = (runs.fits)(meta);
                 let run = |fits: bool| if fits { GEMM_RUN as u32 } else { 1 };
@@ -531,12 +539,15 @@ impl ConvKernel {
                     + &operand_reader(runs.b, f32_storage(runs.b), fits[1]);
                 parts.push(&readers);
                 parts.extend(self.parts);
-                core = match (plan.halo, plan.coop) {
-                    (Some(halo), _) => Cow::Owned(halo.core_source(FORWARD_HALO, subgroup)),
-                    (None, Some(block)) => {
+                core = match (plan.halo, plan.dweight_halo, plan.coop) {
+                    (Some(halo), _, _) => Cow::Owned(halo.core_source(FORWARD_HALO, subgroup)),
+                    (None, Some(halo), _) => {
+                        Cow::Owned(halo.core_source(DWEIGHT_HALO, subgroup, meta))
+                    }
+                    (None, None, Some(block)) => {
                         Cow::Owned(block.core_source(COOP_GEMM, subgroup, runs.along_k, direct_c))
                     }
-                    (None, None) => Cow::Borrowed(PORTABLE_GEMM),
+                    (None, None, None) => Cow::Borrowed(PORTABLE_GEMM),
                 };
                 parts.push(&core);
             } else {
@@ -780,16 +791,18 @@ impl ConvLaunchPlan {
             workgroups: grid.map(|g| g as u32),
             coop,
             halo: None,
+            dweight_halo: None,
             split_k: 1,
         })
     }
 
-    /// The variant's name, with "+halo" where the forward's halo kernel runs.
+    /// The variant's name, with "+halo" where a halo kernel runs.
     pub fn kernel_name(&self) -> &'static str {
-        match (self.halo, self.variant) {
-            (Some(_), ConvVariant::Coop { tile: 16 }) => "coop16+halo",
-            (Some(_), _) => "coop8+halo",
-            (None, variant) => variant.name(),
+        let halo = self.halo.is_some() || self.dweight_halo.is_some();
+        match (halo, self.variant) {
+            (true, ConvVariant::Coop { tile: 16 }) => "coop16+halo",
+            (true, _) => "coop8+halo",
+            (false, variant) => variant.name(),
         }
     }
 
@@ -821,6 +834,8 @@ pub(crate) const PORTABLE_GEMM: &str = include_str!("../../shaders/conv/portable
 pub(crate) const COOP_GEMM: &str = include_str!("../../shaders/conv/coop_gemm.wgsl");
 /// The forward's halo kernel, in place of the GEMM core where [`HaloBlock`] fits.
 pub(crate) const FORWARD_HALO: &str = include_str!("../../shaders/conv/forward_halo.wgsl");
+/// dweight's halo kernel, in place of the GEMM core where [`DWeightHalo`] fits.
+pub(crate) const DWEIGHT_HALO: &str = include_str!("../../shaders/conv/dweight_halo.wgsl");
 
 /// Full WGSL for a kernel: `enable` lines for the variant, the operand type
 /// alias, the prelude, then the kernel's own parts.

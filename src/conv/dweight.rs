@@ -11,6 +11,7 @@ use super::common::{
     GemmRuns, IM2COL, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first,
     same_device,
 };
+use super::dweight_halo::DWeightHalo;
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuCapabilities, flat_grid};
@@ -129,7 +130,30 @@ pub(crate) fn conv2d_dweight_into(
             split = split.min(max_split as u32);
             plan.workgroups[2] = split;
             plan.split_k = split;
-            Ok(plan)
+            // The halo kernel where it fits and compiles; should it fail to
+            // compile (the pipeline cache has warned), the coop GEMM core.
+            let Some(tile) = plan.coop.map(|block| block.tile) else {
+                return Ok(plan);
+            };
+            let units = estimated_compute_units(ctx.caps());
+            let Ok(halo) = DWeightHalo::fit(tile, &meta, ctx.caps(), units) else {
+                return Ok(plan);
+            };
+            let halo_plan = ConvLaunchPlan {
+                workgroups: halo.grid(&meta),
+                split_k: halo.slices,
+                dweight_halo: Some(halo),
+                ..plan
+            };
+            let fits_binding =
+                (halo.slices as usize * DWeightHalo::partial_rows(&meta) * meta.c_out * 4) as u64
+                    <= ctx.caps().limits.max_storage_buffer_binding_size;
+            let compiles = || KERNEL.pipeline(ctx, &halo_plan, &meta).is_some();
+            Ok(if fits_binding && compiles() {
+                halo_plan
+            } else {
+                plan
+            })
         })
     })?;
     let pipeline = KERNEL
@@ -153,9 +177,15 @@ pub(crate) fn conv2d_dweight_into(
             gpu_operand("conv2d_dweight dvalues", dy, plan.variant, true)?,
         ),
     };
+    // The halo kernel's slices have more rows (its dbias tiles): the reduce
+    // is told the stride, and reads K + 1 rows of each either way.
     let per_slice = (meta.k + 1) * meta.c_out;
+    let slice_stride = match plan.dweight_halo {
+        Some(_) => DWeightHalo::partial_rows(&meta) * meta.c_out,
+        None => per_slice,
+    };
     let split = plan.split_k as usize;
-    let partial = Tensor::uninit_gpu(ctx, Shape::new([split, per_slice])?, DType::F32)?;
+    let partial = Tensor::uninit_gpu(ctx, Shape::new([split, slice_stride])?, DType::F32)?;
     let tile_k = plan.tile_k as usize;
     let slice_len = meta.m.div_ceil(tile_k).div_ceil(split) * tile_k;
     ctx.dispatch(
@@ -182,7 +212,7 @@ pub(crate) fn conv2d_dweight_into(
         "conv_dweight_reduce",
         &reduce,
         &[buf(&partial), buf(&dw), buf(&db)],
-        bytemuck::cast_slice(&[split as u32, row_stride]),
+        bytemuck::cast_slice(&[split as u32, row_stride, slice_stride as u32]),
         grid,
     )?;
     Ok((dw, db))

@@ -145,7 +145,10 @@ impl HaloBlock {
             return Err("no subgroup support".into());
         };
         let limits = &caps.limits;
-        if min != max || subgroups * max > limits.max_compute_invocations_per_workgroup {
+        let invocations = limits
+            .max_compute_invocations_per_workgroup
+            .min(limits.max_compute_workgroup_size_x);
+        if min != max || subgroups * max > invocations {
             return Err(format!("subgroup size {min}..{max}"));
         }
         let bytes = block.workgroup_bytes();
@@ -259,7 +262,7 @@ impl HaloBlock {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::conv::{ConvParams, Padding};
 
@@ -287,7 +290,7 @@ mod tests {
     }
 
     /// An H200-like adapter: subgroups of 32, 48 KiB of workgroup memory.
-    fn caps() -> GpuCapabilities {
+    pub(crate) fn caps() -> GpuCapabilities {
         GpuCapabilities {
             adapter_name: "test".into(),
             backend: wgpu::Backend::Vulkan,
@@ -302,6 +305,8 @@ mod tests {
             coop_disabled: false,
             limits: wgpu::Limits {
                 max_compute_workgroup_storage_size: 48 * 1024,
+                max_compute_invocations_per_workgroup: 1024,
+                max_compute_workgroup_size_x: 1024,
                 ..wgpu::Limits::default()
             },
         }

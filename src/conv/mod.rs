@@ -1,6 +1,7 @@
 //! The convolution package: geometry and planning (`common`), the three GEMM
 //! directions (`forward`, `dweight`, `dinput`), the coop GEMM's block geometry (`coop`),
-//! the forward's halo kernel for stride-1 convs (`halo`) and the fp16 casts (`cast`).
+//! the halo kernels for stride-1 convs (`halo` for the forward, `dweight_halo`) and the fp16
+//! casts (`cast`).
 //! WGSL sources live in `shaders/conv/`.
 
 pub mod cast;
@@ -8,6 +9,7 @@ pub mod common;
 pub mod coop;
 pub mod dinput;
 pub mod dweight;
+pub mod dweight_halo;
 pub mod forward;
 pub mod halo;
 mod im2col;

@@ -1,0 +1,250 @@
+//! dweight's halo kernel (shaders/conv/dweight_halo.wgsl): for stride-1,
+//! undilated convs on the cooperative-matrix variant, the weight gradient's
+//! MMAs read straight from a staged input tile and dy block, instead of the
+//! GEMM core's im2col staging. This module decides where it applies, sizes
+//! its split over blocks of positions and writes its WGSL.
+
+use super::common::ConvShapeMeta;
+use crate::diagnostics::warn_once;
+use crate::gpu::GpuCapabilities;
+
+/// Environment variable for tuning: `0` turns dweight's halo kernel off (the
+/// GEMM core runs), a number pins the output positions of its blocks.
+pub const DWEIGHT_HALO_ENV: &str = "AETHER_DWEIGHT_HALO";
+
+/// Output positions per block, as the forward's halo kernel.
+const BLOCK_POSITIONS: usize = 128;
+/// Workgroup memory a block may take.
+const RULE_BYTES: usize = 32 * 1024;
+
+/// The output positions per block: the tuning override, or the rule.
+fn block_positions() -> std::result::Result<usize, String> {
+    let Ok(text) = std::env::var(DWEIGHT_HALO_ENV) else {
+        return Ok(BLOCK_POSITIONS);
+    };
+    match text.trim().parse::<usize>() {
+        Ok(positions) if positions > 0 => Ok(positions),
+        Ok(_) => Err(format!("{DWEIGHT_HALO_ENV}=0")),
+        Err(_) => {
+            warn_once(
+                &format!("dweight-halo-env:{text}"),
+                &format!(
+                    "{DWEIGHT_HALO_ENV}={text:?} is neither 0 nor a number of positions: \
+                     dweight's halo kernel is off"
+                ),
+            );
+            Err(format!("{DWEIGHT_HALO_ENV}={text}"))
+        }
+    }
+}
+
+/// One workgroup's share: a slice of the blocks of `rows x cols` output
+/// positions, for one chunk of 2 tiles of input by 2 tiles of output
+/// channels, with one subgroup per filter tap and one for dbias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DWeightHalo {
+    pub tile: u32,
+    pub rows: u32,
+    pub cols: u32,
+    /// Filter taps `R * S`, and halo rows and columns (`rows + R - 1`, `cols + S - 1`).
+    pub taps: u32,
+    pub halo: [u32; 2],
+    /// Slices of the blocks (the grid's x): the split-K of the GEMM core.
+    pub slices: u32,
+}
+
+impl DWeightHalo {
+    /// The block for `meta` at `tile`, with about 2 workgroups per compute
+    /// unit, or why the kernel does not apply (the GEMM core then runs).
+    pub fn fit(
+        tile: u32,
+        meta: &ConvShapeMeta,
+        caps: &GpuCapabilities,
+        compute_units: u32,
+    ) -> std::result::Result<Self, String> {
+        let positions = block_positions()?;
+        let t = tile as usize;
+        if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
+            return Err("stride or dilation above 1".into());
+        }
+        if !meta.c_in.is_multiple_of(2 * t) || !meta.c_out.is_multiple_of(2 * t) {
+            return Err(format!(
+                "channels {} -> {} are not whole chunks of {}",
+                meta.c_in,
+                meta.c_out,
+                2 * t
+            ));
+        }
+        let cols = if meta.w_out.is_multiple_of(2 * t) {
+            2 * t
+        } else {
+            t
+        };
+        let rows = positions / cols;
+        if rows == 0 || !meta.w_out.is_multiple_of(t) || !meta.h_out.is_multiple_of(rows) {
+            return Err(format!(
+                "output {}x{} is not whole {rows}x{cols} blocks",
+                meta.h_out, meta.w_out
+            ));
+        }
+        let taps = (meta.r * meta.s) as u32;
+        let Some((min, max)) = caps.subgroup_size else {
+            return Err("no subgroup support".into());
+        };
+        let limits = &caps.limits;
+        let invocations = limits
+            .max_compute_invocations_per_workgroup
+            .min(limits.max_compute_workgroup_size_x);
+        if min != max || (taps + 1) * max > invocations {
+            return Err(format!("{} subgroups of {min}..{max}", taps + 1));
+        }
+        let chunks = (meta.c_in / (2 * t)) * (meta.c_out / (2 * t));
+        let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
+        let slices = (2 * compute_units as usize / chunks).clamp(1, blocks);
+        let block = Self {
+            tile,
+            rows: rows as u32,
+            cols: cols as u32,
+            taps,
+            halo: [rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
+            slices: slices as u32,
+        };
+        let bytes = block.workgroup_bytes();
+        let mut limit = caps.limits.max_compute_workgroup_storage_size as usize;
+        if std::env::var(DWEIGHT_HALO_ENV).is_err() {
+            limit = limit.min(RULE_BYTES);
+        }
+        if bytes > limit {
+            return Err(format!("{bytes} bytes of workgroup memory"));
+        }
+        Ok(block)
+    }
+
+    /// The halo and the dy block (2 tiles of channels plus 8 halves a
+    /// pixel) and the dbias subgroup's ones.
+    pub fn workgroup_bytes(&self) -> usize {
+        let pixel = 2 * self.tile as usize + 8;
+        let [h, w] = self.halo.map(|v| v as usize);
+        (h * w * pixel + (self.rows * self.cols) as usize * pixel + self.tile as usize) * 2
+    }
+
+    /// Rows of each slice's partial sums: the `K` rows of dW, then `C_in`
+    /// rows for the dbias subgroups (2 tiles per input-channel chunk).
+    pub fn partial_rows(meta: &ConvShapeMeta) -> usize {
+        meta.k + meta.c_in
+    }
+
+    /// Workgroups: slices of the blocks, chunks of channels.
+    pub fn grid(&self, meta: &ConvShapeMeta) -> [u32; 3] {
+        let chunk = 2 * self.tile as usize;
+        let chunks = (meta.c_in / chunk) * (meta.c_out / chunk);
+        [self.slices, chunks as u32, 1]
+    }
+
+    /// The constants dweight_halo.wgsl expects.
+    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 8] {
+        let [halo_h, halo_w] = self.halo;
+        [
+            ("T", self.tile),
+            ("SUBGROUP", subgroup),
+            ("BH", self.rows),
+            ("BW", self.cols),
+            ("HALO_H", halo_h),
+            ("HALO_W", halo_w),
+            ("TAPS", self.taps),
+            ("BIAS_ROWS", meta.c_in as u32),
+        ]
+    }
+
+    /// The kernel's WGSL: `template` with the constants and the generated
+    /// pieces filled in.
+    pub fn core_source(&self, template: &str, subgroup: u32, meta: &ConvShapeMeta) -> String {
+        let mat = format!("coop_mat{t}x{t}", t = self.tile);
+        let tiles = [(0, 0), (0, 1), (1, 0), (1, 1)];
+        let mut consts = String::new();
+        for (name, value) in self.constants(subgroup, meta) {
+            consts += &format!("const {name}: u32 = {value}u;\n");
+        }
+        let mut decls = String::new();
+        let mut step = String::new();
+        let mut stores = String::new();
+        for (i, j) in tiles {
+            decls += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
+            stores += &format!(
+                "    coopStoreT(acc_{i}_{j}, &partial[out + {i}u * T * C_OUT + {j}u * T], C_OUT);\n"
+            );
+        }
+        for i in 0..2 {
+            // The ones are T halves: the dbias subgroup reads them for both tiles.
+            step += &format!(
+                "            let a_{i} = coopLoad<{mat}<f16, A>>(&halo[a_at + select({i}u * T / 4u, 0u, is_bias)], a_stride);\n"
+            );
+        }
+        for j in 0..2 {
+            step += &format!(
+                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&dys[p0 * LDP + {j}u * T / 4u], LDP);\n"
+            );
+        }
+        for (i, j) in tiles {
+            step +=
+                &format!("            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n");
+        }
+        let body = template
+            .replace("    // generated: accumulators acc_i_j\n", &decls)
+            .replace(
+                "            // generated: 2 loads of A (halo, or ones for dbias), 2 of B, 4 multiply-adds\n",
+                &step,
+            )
+            .replace("    // generated: stores of the 2 x 2 tiles\n", &stores);
+        consts + &body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv::{ConvParams, Padding};
+
+    const TEMPLATE: &str = include_str!("../../shaders/conv/dweight_halo.wgsl");
+
+    fn meta(input: [usize; 4], c_out: usize) -> ConvShapeMeta {
+        ConvShapeMeta::new(input, &ConvParams::new(c_out, 3, Padding::Same)).unwrap()
+    }
+
+    #[test]
+    fn every_generated_piece_is_filled_in() {
+        let m = meta([2, 8, 32, 32], 32);
+        let block = DWeightHalo {
+            tile: 16,
+            rows: 4,
+            cols: 32,
+            taps: 9,
+            halo: [6, 34],
+            slices: 4,
+        };
+        let src = block.core_source(TEMPLATE, 32, &m);
+        let marker = |line: &str| line.trim_start().starts_with("// generated:");
+        assert!(!src.lines().any(marker), "a marker was left unreplaced");
+        assert!(src.contains("acc_1_1 = coopMultiplyAdd(a_1, b_1, acc_1_1);"));
+        assert!(src.contains("const BIAS_ROWS: u32 = 32u;"));
+    }
+
+    #[test]
+    fn sizes_follow_the_shape() {
+        let caps = crate::conv::halo::tests::caps();
+        // The v1 32 -> 32 conv at batch 256: 4 x 32 blocks, one channel chunk.
+        let conv2 = meta([256, 32, 32, 32], 32);
+        let block = DWeightHalo::fit(16, &conv2, &caps, 132).unwrap();
+        assert_eq!((block.rows, block.cols, block.slices), (4, 32, 264));
+        assert_eq!(block.grid(&conv2), [264, 1, 1]);
+        assert_eq!(block.workgroup_bytes(), (6 * 34 * 40 + 128 * 40 + 16) * 2);
+        assert_eq!(DWeightHalo::partial_rows(&conv2), 288 + 32);
+        // 64 -> 64: four channel chunks share the slices.
+        let conv4 = meta([256, 16, 16, 64], 64);
+        let block = DWeightHalo::fit(16, &conv4, &caps, 132).unwrap();
+        assert_eq!(block.grid(&conv4), [66, 4, 1]);
+        // 3 input channels are no chunk; 8 x 8 outputs no whole blocks.
+        assert!(DWeightHalo::fit(16, &meta([256, 32, 32, 3], 32), &caps, 132).is_err());
+        assert!(DWeightHalo::fit(16, &meta([256, 8, 8, 64], 128), &caps, 132).is_err());
+    }
+}
