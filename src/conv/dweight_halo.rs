@@ -12,9 +12,11 @@ use crate::gpu::GpuCapabilities;
 /// GEMM core runs), a number pins the output positions of its blocks.
 pub const DWEIGHT_HALO_ENV: &str = "AETHER_DWEIGHT_HALO";
 
-/// Output positions per block, as the forward's halo kernel.
-const BLOCK_POSITIONS: usize = 128;
-/// Workgroup memory a block may take.
+/// Output positions per block. Measured on the H200 (docs/perf-notes.md,
+/// entry 54): 64 made the v1 model's 32->32, 32->64 and 64->64 dweights
+/// 50%, 24% and 10% faster than the GEMM core; 32, 128 and 256 less so.
+const BLOCK_POSITIONS: usize = 64;
+/// Workgroup memory a block may take (64-position blocks take 14-16 KiB).
 const RULE_BYTES: usize = 32 * 1024;
 
 /// The output positions per block: the tuning override, or the rule.
@@ -232,12 +234,12 @@ mod tests {
     #[test]
     fn sizes_follow_the_shape() {
         let caps = crate::conv::halo::tests::caps();
-        // The v1 32 -> 32 conv at batch 256: 4 x 32 blocks, one channel chunk.
+        // The v1 32 -> 32 conv at batch 256: 2 x 32 blocks, one channel chunk.
         let conv2 = meta([256, 32, 32, 32], 32);
         let block = DWeightHalo::fit(16, &conv2, &caps, 132).unwrap();
-        assert_eq!((block.rows, block.cols, block.slices), (4, 32, 264));
+        assert_eq!((block.rows, block.cols, block.slices), (2, 32, 264));
         assert_eq!(block.grid(&conv2), [264, 1, 1]);
-        assert_eq!(block.workgroup_bytes(), (6 * 34 * 40 + 128 * 40 + 16) * 2);
+        assert_eq!(block.workgroup_bytes(), (4 * 34 * 40 + 64 * 40 + 16) * 2);
         assert_eq!(DWeightHalo::partial_rows(&conv2), 288 + 32);
         // 64 -> 64: four channel chunks share the slices.
         let conv4 = meta([256, 16, 16, 64], 64);
