@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use aether::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, conv_backward_cast_fp16,
-    conv2d_forward,
+    conv2d_dweight, conv2d_forward,
 };
 use aether::gpu::{DevicePreference, GpuContext};
 use aether::{Device, Tensor, diagnostics};
@@ -130,11 +130,89 @@ fn best_conv_variant_failing_to_compile_falls_back_to_the_next_with_correct_resu
         "fallback result error {err:e} (seed {})",
         rng.seed
     );
-    let warned = warnings_about(&broken.replace(':', " variant "), before);
+    // "... variant coop8 failed", not the halo kernel's "variant coop8+halo failed".
+    let warned = warnings_about(
+        &format!("{} failed", broken.replace(':', " variant ")),
+        before,
+    );
     assert_eq!(
         warned.len(),
         1,
         "exactly one warning: {:?}",
         diagnostics::warnings()
     );
+}
+
+/// A halo kernel that fails to compile: the forward and dweight keep the coop
+/// GEMM core of the same variant, after one warning naming the halo kernel,
+/// with correct results. Needs an adapter whose first variant is a coop one.
+#[test]
+fn halo_kernels_failing_to_compile_fall_back_to_the_gemm_core() {
+    let Some(probe) = common::gpu() else { return };
+    let best = ConvVariant::candidates(probe.gpu_context().unwrap().caps())[0];
+    let ConvVariant::Coop { tile } = best else {
+        skip("no cooperative-matrix variant: no halo kernel to break");
+        return;
+    };
+    let halo = format!("{}+halo", best.name());
+    let before = diagnostics::warnings().len();
+    let mut options = test_gpu_options();
+    options.break_kernels = vec![
+        format!("conv_forward:{halo}"),
+        format!("conv_dweight:{halo}"),
+    ];
+    let Device::Gpu(ctx) = Device::with_preference(DevicePreference::Gpu, &options).unwrap() else {
+        unreachable!()
+    };
+    let device = Device::Gpu(ctx);
+    let mut rng = Rng::fresh();
+    // Both halo kernels take this shape at tiles 8 and 16 (tests/conv.rs).
+    let c = 2 * tile as usize;
+    let params = ConvParams::new(c, 3, Padding::Same);
+    let input = [1, 8, 32, c];
+    let meta = ConvShapeMeta::new(input, &params).unwrap();
+    let (x, w, b) = (
+        rng.vec(meta.n * 8 * 32 * c),
+        rng.vec(meta.k * c),
+        rng.vec(c),
+    );
+    let dy = rng.vec(meta.m * c);
+    let tensor = |dims: &[usize], v: &[f32]| Tensor::from_f32(dims.to_vec(), v.to_vec(), &device);
+    let xt = tensor(&input, &x).unwrap();
+    let plans = ConvPlans::new();
+    let y = conv2d_forward(
+        &xt,
+        &tensor(&meta.weight_dims(), &w).unwrap(),
+        &tensor(&[c], &b).unwrap(),
+        &params,
+        &plans,
+    )
+    .unwrap();
+    let (dw, _) = conv2d_dweight(
+        &xt,
+        &tensor(&meta.output_dims(), &dy).unwrap(),
+        &params,
+        &plans,
+    )
+    .unwrap();
+    for (direction, _, plan) in plans.summary() {
+        assert_eq!(plan.variant, best, "{direction:?} keeps {}", best.name());
+        assert_eq!(
+            plan.kernel_name(),
+            best.name(),
+            "{direction:?} runs the GEMM core"
+        );
+    }
+    let err = norm_rel_error(
+        &y.to_vec_f32().unwrap(),
+        &reference::forward(&meta, &x, &w, &b),
+    );
+    assert!(err <= 5e-3, "forward error {err:e} (seed {})", rng.seed);
+    let (want_dw, _) = reference::dweight(&meta, &x, &dy);
+    let err = norm_rel_error(&dw.to_vec_f32().unwrap(), &want_dw);
+    assert!(err <= 5e-3, "dweight error {err:e} (seed {})", rng.seed);
+    for kernel in ["conv_forward", "conv_dweight"] {
+        let warned = warnings_about(&format!("{kernel} variant {halo}"), before);
+        assert_eq!(warned.len(), 1, "one warning for {kernel}: {warned:?}");
+    }
 }

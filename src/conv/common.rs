@@ -486,6 +486,9 @@ impl ConvKernel {
         let variant = plan.variant;
         let f32_read = |i: usize| f32_reads.get(i).copied().unwrap_or(false);
         let mut key = pipeline_key(self.name, variant, meta);
+        // A halo kernel's own name: its compile failure is announced apart
+        // from the GEMM core's, which then runs in its place.
+        key.variant = plan.kernel_name();
         if !self.f32_inputs.is_empty() {
             let mask = (0..self.f32_inputs.len()).fold(0, |m, i| m | u32::from(f32_read(i)) << i);
             key.source_constants.push(("F32_INPUTS", mask));
