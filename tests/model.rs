@@ -386,6 +386,19 @@ test_device!(
     }
 );
 
+/// The bits of the losses of 3 training steps on `(x, y)`, then of the
+/// logits the model predicts for `x` (8 samples).
+fn loss_and_logit_bits(model: &mut Model, x: &[f32], y: &[u32]) -> Vec<u32> {
+    let mut bits = Vec::new();
+    for _ in 0..3 {
+        let (loss, _) = model.train_batch(x, y).unwrap();
+        bits.push(loss.to_vec_f32().unwrap()[0].to_bits());
+    }
+    let predictions = model.predict(x, 8, true).unwrap();
+    bits.extend(predictions.iter().map(|v| v.to_bits()));
+    bits
+}
+
 test_device!(
     fused_relu_trains_bit_identically_to_separate_layers,
     |device: &Device| {
@@ -398,14 +411,7 @@ test_device!(
             model.finalize(&[SIDE, SIDE, 3]).unwrap();
             let expected = if fuse { vec![2, 5, 10, 13, 18] } else { vec![] };
             assert_eq!(model.fused_relus(), expected, "fuse_relu({fuse})");
-            let mut bits = Vec::new();
-            for _ in 0..3 {
-                let (loss, _) = model.train_batch(&x, &y).unwrap();
-                bits.push(loss.to_vec_f32().unwrap()[0].to_bits());
-            }
-            let predictions = model.predict(&x, 8, true).unwrap();
-            bits.extend(predictions.iter().map(|v| v.to_bits()));
-            bits
+            loss_and_logit_bits(&mut model, &x, &y)
         };
         let fused = run(true);
         let separate = run(false);
@@ -440,14 +446,7 @@ test_device!(
                 vec![]
             };
             assert_eq!(model.f16_input_grads(), expected, "f16_activations({f16})");
-            let mut bits = Vec::new();
-            for _ in 0..3 {
-                let (loss, _) = model.train_batch(&x, &y).unwrap();
-                bits.push(loss.to_vec_f32().unwrap()[0].to_bits());
-            }
-            let predictions = model.predict(&x, 8, true).unwrap();
-            bits.extend(predictions.iter().map(|v| v.to_bits()));
-            bits
+            loss_and_logit_bits(&mut model, &x, &y)
         };
         let half = run(true);
         let single = run(false);

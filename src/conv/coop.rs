@@ -254,10 +254,7 @@ impl CoopBlock {
         let mat = format!("coop_mat{t}x{t}");
         let [tm, tn] = self.tiles;
         let tiles = || (0..tm).flat_map(move |i| (0..tn).map(move |j| (i, j)));
-        let mut consts = String::new();
-        for (name, value) in self.constants(subgroup) {
-            consts += &format!("const {name}: u32 = {value}u;\n");
-        }
+        let mut consts = const_lines(&self.constants(subgroup));
         let [a_along_k, b_along_k] = runs_along_k;
         consts += &format!("const A_RUNS_ALONG_K: bool = {a_along_k};\n");
         consts += &format!("const B_RUNS_ALONG_K: bool = {b_along_k};\n");
@@ -291,10 +288,7 @@ impl CoopBlock {
                 "            let b_{j} = {load_b}<{mat}<f16, B>>(&stage_b[b_slot(kk, sub_col + {j}u * T)], LDB);\n"
             );
         }
-        for (i, j) in tiles() {
-            step +=
-                &format!("            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n");
-        }
+        step += &multiply_adds(tiles(), "            ");
         for (i, j) in tiles() {
             let (row, col) = (tile_row(i), tile_col(j));
             stores += &match direct_c {
@@ -311,18 +305,61 @@ impl CoopBlock {
                 ),
             };
         }
-        let body = template
-            .replace("    // generated: accumulators acc_i_j\n", &decls)
-            .replace(
-                "            // generated: TM loads of A, TN loads of B, TM*TN multiply-adds\n",
-                &step,
-            )
-            .replace(
-                "    // generated: per tile, coopStore into C, or into scratch, barrier, store_tile, barrier\n",
-                &stores,
-            );
-        consts + &body
+        fill_template(
+            template,
+            consts,
+            &[
+                ("accumulators acc_i_j", decls),
+                ("TM loads of A, TN loads of B, TM*TN multiply-adds", step),
+                (
+                    "per tile, coopStore into C, or into scratch, barrier, store_tile, barrier",
+                    stores,
+                ),
+            ],
+        )
     }
+}
+
+/// `const NAME: u32 = value;` lines for the constants a template expects.
+pub(crate) fn const_lines(constants: &[(&str, u32)]) -> String {
+    constants
+        .iter()
+        .map(|(name, value)| format!("const {name}: u32 = {value}u;\n"))
+        .collect()
+}
+
+/// `acc_i_j = coopMultiplyAdd(a_i, b_j, acc_i_j);` for every tile, at `indent`.
+pub(crate) fn multiply_adds(tiles: impl Iterator<Item = (u32, u32)>, indent: &str) -> String {
+    tiles
+        .map(|(i, j)| {
+            format!("{indent}acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n")
+        })
+        .collect()
+}
+
+/// A generated kernel's WGSL: `header` (its constants), then `template` with
+/// each line `// generated: NAME` replaced by the piece named NAME. Every
+/// piece must have its marker: a mismatch is a bug in this crate, caught by
+/// debug builds (the tests); in a release build the WGSL then fails to
+/// compile, which the pipeline cache announces like any compile failure.
+pub(crate) fn fill_template(template: &str, header: String, pieces: &[(&str, String)]) -> String {
+    let mut out = header;
+    let mut used = 0;
+    for line in template.lines() {
+        let marker = line.trim_start().strip_prefix("// generated: ");
+        match marker.and_then(|name| pieces.iter().find(|(piece, _)| *piece == name)) {
+            Some((_, piece)) => {
+                out += piece;
+                used += 1;
+            }
+            None => {
+                out += line;
+                out.push('\n');
+            }
+        }
+    }
+    debug_assert_eq!(used, pieces.len(), "a generated piece lost its marker");
+    out
 }
 
 #[cfg(test)]

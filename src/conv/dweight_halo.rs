@@ -5,6 +5,8 @@
 //! its split over blocks of positions and writes its WGSL.
 
 use super::common::ConvShapeMeta;
+use super::coop::{const_lines, fill_template, multiply_adds};
+use super::halo::{runs_subgroups, whole_blocks};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
@@ -66,9 +68,7 @@ impl DWeightHalo {
     ) -> std::result::Result<Self, String> {
         let positions = block_positions()?;
         let t = tile as usize;
-        if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
-            return Err("stride or dilation above 1".into());
-        }
+        let (rows, cols) = whole_blocks(tile, meta, positions)?;
         if !meta.c_in.is_multiple_of(2 * t) || !meta.c_out.is_multiple_of(2 * t) {
             return Err(format!(
                 "channels {} -> {} are not whole chunks of {}",
@@ -77,29 +77,8 @@ impl DWeightHalo {
                 2 * t
             ));
         }
-        let cols = if meta.w_out.is_multiple_of(2 * t) {
-            2 * t
-        } else {
-            t
-        };
-        let rows = positions / cols;
-        if rows == 0 || !meta.w_out.is_multiple_of(t) || !meta.h_out.is_multiple_of(rows) {
-            return Err(format!(
-                "output {}x{} is not whole {rows}x{cols} blocks",
-                meta.h_out, meta.w_out
-            ));
-        }
         let taps = (meta.r * meta.s) as u32;
-        let Some((min, max)) = caps.subgroup_size else {
-            return Err("no subgroup support".into());
-        };
-        let limits = &caps.limits;
-        let invocations = limits
-            .max_compute_invocations_per_workgroup
-            .min(limits.max_compute_workgroup_size_x);
-        if min != max || (taps + 1) * max > invocations {
-            return Err(format!("{} subgroups of {min}..{max}", taps + 1));
-        }
+        runs_subgroups(caps, taps + 1)?;
         let chunks = (meta.c_in / (2 * t)) * (meta.c_out / (2 * t));
         let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
         let slices = (2 * compute_units as usize / chunks).clamp(1, blocks);
@@ -163,10 +142,6 @@ impl DWeightHalo {
     pub fn core_source(&self, template: &str, subgroup: u32, meta: &ConvShapeMeta) -> String {
         let mat = format!("coop_mat{t}x{t}", t = self.tile);
         let tiles = [(0, 0), (0, 1), (1, 0), (1, 1)];
-        let mut consts = String::new();
-        for (name, value) in self.constants(subgroup, meta) {
-            consts += &format!("const {name}: u32 = {value}u;\n");
-        }
         let mut decls = String::new();
         let mut step = String::new();
         let mut stores = String::new();
@@ -187,18 +162,19 @@ impl DWeightHalo {
                 "            let b_{j} = coopLoadT<{mat}<f16, B>>(&dys[p0 * LDP + {j}u * T / 4u], LDP);\n"
             );
         }
-        for (i, j) in tiles {
-            step +=
-                &format!("            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n");
-        }
-        let body = template
-            .replace("    // generated: accumulators acc_i_j\n", &decls)
-            .replace(
-                "            // generated: 2 loads of A (halo, or ones for dbias), 2 of B, 4 multiply-adds\n",
-                &step,
-            )
-            .replace("    // generated: stores of the 2 x 2 tiles\n", &stores);
-        consts + &body
+        step += &multiply_adds(tiles.into_iter(), "            ");
+        fill_template(
+            template,
+            const_lines(&self.constants(subgroup, meta)),
+            &[
+                ("accumulators acc_i_j", decls),
+                (
+                    "2 loads of A (halo, or ones for dbias), 2 of B, 4 multiply-adds",
+                    step,
+                ),
+                ("stores of the 2 x 2 tiles", stores),
+            ],
+        )
     }
 }
 

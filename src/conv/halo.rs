@@ -4,6 +4,7 @@
 //! staging. This module decides where it applies and writes its WGSL.
 
 use super::common::ConvShapeMeta;
+use super::coop::{const_lines, fill_template, multiply_adds};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
@@ -63,6 +64,53 @@ fn block_size(taps: usize, row: usize) -> std::result::Result<BlockSize, String>
     }
 }
 
+/// The `(rows, cols)` of a halo kernel's block of about `positions` output
+/// positions at `tile`: runs of 2 tiles along a row where the output's width
+/// allows, else of 1; or why the shape takes no halo kernel (stride or
+/// dilation, or no whole blocks).
+pub(crate) fn whole_blocks(
+    tile: u32,
+    meta: &ConvShapeMeta,
+    positions: usize,
+) -> std::result::Result<(usize, usize), String> {
+    let t = tile as usize;
+    if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
+        return Err("stride or dilation above 1".into());
+    }
+    let cols = if meta.w_out.is_multiple_of(2 * t) {
+        2 * t
+    } else {
+        t
+    };
+    let rows = positions / cols;
+    if rows == 0 || !meta.w_out.is_multiple_of(t) || !meta.h_out.is_multiple_of(rows) {
+        return Err(format!(
+            "output {}x{} is not whole {rows}x{cols} blocks",
+            meta.h_out, meta.w_out
+        ));
+    }
+    Ok((rows, cols))
+}
+
+/// `Ok` where the adapter runs workgroups of `subgroups` subgroups of one
+/// fixed size.
+pub(crate) fn runs_subgroups(
+    caps: &GpuCapabilities,
+    subgroups: u32,
+) -> std::result::Result<(), String> {
+    let Some((min, max)) = caps.subgroup_size else {
+        return Err("no subgroup support".into());
+    };
+    let limits = &caps.limits;
+    let invocations = limits
+        .max_compute_invocations_per_workgroup
+        .min(limits.max_compute_workgroup_size_x);
+    if min != max || subgroups * max > invocations {
+        return Err(format!("{subgroups} subgroups of {min}..{max}"));
+    }
+    Ok(())
+}
+
 /// One workgroup's share of the forward: `rows x cols` output positions of
 /// one image (`cols` a multiple of the tile) by `channel_tiles` tiles of output channels,
 /// over `subgroups` subgroups of `position_tiles x channel_tiles` tiles; with the staged sizes that
@@ -98,9 +146,7 @@ impl HaloBlock {
         let (positions, channel_tiles, taps_per_step, subgroups) =
             block_size(meta.r * meta.s, meta.s)?;
         let t = tile as usize;
-        if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
-            return Err("stride or dilation above 1".into());
-        }
+        let (rows, cols) = whole_blocks(tile, meta, positions)?;
         let block_channels = channel_tiles as usize * t;
         if !meta.c_in.is_multiple_of(t) || !meta.c_out.is_multiple_of(block_channels) {
             return Err(format!(
@@ -108,27 +154,15 @@ impl HaloBlock {
                 meta.c_in, meta.c_out
             ));
         }
-        let cols = if meta.w_out.is_multiple_of(2 * t) {
-            2 * t
-        } else {
-            t
-        };
         if !(meta.r * meta.s).is_multiple_of(taps_per_step as usize) {
             return Err(format!(
                 "{taps_per_step} taps a step of {}",
                 meta.r * meta.s
             ));
         }
-        let rows = positions / cols;
         let tiles = positions / t;
-        if rows == 0 || !tiles.is_multiple_of(subgroups as usize) {
+        if !tiles.is_multiple_of(subgroups as usize) {
             return Err(format!("{positions} positions in {subgroups} subgroups"));
-        }
-        if !meta.w_out.is_multiple_of(t) || !meta.h_out.is_multiple_of(rows) {
-            return Err(format!(
-                "output {}x{} is not whole {rows}x{cols} blocks",
-                meta.h_out, meta.w_out
-            ));
         }
         let block = Self {
             tile,
@@ -141,16 +175,8 @@ impl HaloBlock {
             halo: [meta.c_in, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             tap_rows: taps_per_step * meta.c_in as u32,
         };
-        let Some((min, max)) = caps.subgroup_size else {
-            return Err("no subgroup support".into());
-        };
+        runs_subgroups(caps, subgroups)?;
         let limits = &caps.limits;
-        let invocations = limits
-            .max_compute_invocations_per_workgroup
-            .min(limits.max_compute_workgroup_size_x);
-        if min != max || subgroups * max > invocations {
-            return Err(format!("subgroup size {min}..{max}"));
-        }
         let bytes = block.workgroup_bytes();
         let pinned = std::env::var(HALO_ENV).is_ok();
         if bytes > limits.max_compute_workgroup_storage_size as usize
@@ -210,10 +236,6 @@ impl HaloBlock {
         let pt = self.position_tiles;
         let ct = self.channel_tiles;
         let tiles = || (0..pt).flat_map(|i| (0..ct).map(move |j| (i, j)));
-        let mut consts = String::new();
-        for (name, value) in self.constants(subgroup) {
-            consts += &format!("const {name}: u32 = {value}u;\n");
-        }
         let mut decls = String::new();
         for i in 0..pt {
             decls += &format!(
@@ -239,25 +261,25 @@ impl HaloBlock {
                 "                let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[(tt * C_IN + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
             );
         }
-        for (i, j) in tiles() {
-            step += &format!(
-                "                acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n"
-            );
-        }
+        step += &multiply_adds(tiles(), "                ");
         let mut stores = String::new();
         for (i, j) in tiles() {
             stores += &format!(
                 "    coopStoreT(acc_{i}_{j}, &y[((n * H_OUT + oh0 + br_{i}) * W_OUT + ow0 + bc_{i}) * C_OUT + sub_col + {j}u * T], C_OUT);\n"
             );
         }
-        let body = template
-            .replace("    // generated: tile origins br_i, bc_i and accumulators acc_i_j\n", &decls)
-            .replace(
-                "                // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds\n",
-                &step,
-            )
-            .replace("    // generated: per accumulator, coopStore into y\n", &stores);
-        consts + &body
+        fill_template(
+            template,
+            const_lines(&self.constants(subgroup)),
+            &[
+                ("tile origins br_i, bc_i and accumulators acc_i_j", decls),
+                (
+                    "PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds",
+                    step,
+                ),
+                ("per accumulator, coopStore into y", stores),
+            ],
+        )
     }
 }
 
