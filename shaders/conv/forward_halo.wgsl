@@ -11,17 +11,18 @@
 // A workgroup computes BH x BW output positions (whole T-wide runs of one
 // image's rows) by BN output channels. It stages the halo, (BH + R - 1) x
 // (BW + S - 1) pixels of C_IN channels (zeros in the padding), once; then per
-// step of TPS filter taps the TPS * C_IN x BN slice of the weights ("taps"). SG_M x SG_N subgroups each own PT position tiles by CT channel
-// tiles; the accumulators start from the bias and go straight into y (the
-// host only picks this kernel where every block lies inside the output).
-// Staged pixels and tap rows are padded by 8 halves: 16-byte aligned matrix
-// loads, successive rows in different banks.
+// step of TPS filter taps the TPS * C_IN x BN slice of the weights ("taps").
+// SG_M x SG_N subgroups each own PT position tiles by CT channel tiles; the
+// accumulators start from the bias and go straight into y (the host only
+// picks this kernel where every block lies inside the output). Staged pixels
+// and tap rows are padded by 8 halves: 16-byte aligned matrix loads,
+// successive rows in different banks.
 //
 // Written in by the host (src/conv/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
-// BH, BW, TPS, the staged sizes HALO_C (= C_IN), HALO_H, HALO_W and
-// TAP_ROWS (= TPS * C_IN), and the pieces marked `// generated:` (declaring, multiplying and
-// storing the PT x CT accumulators, which WGSL cannot hold in an indexable
-// array). The operand readers `x_run` / `w_run` come from the conv kernel
+// BH, BW, TPS, the staged sizes HALO_C (= C_IN), HALO_H, HALO_W and TAP_ROWS
+// (= TPS * C_IN), and the pieces marked `// generated:` (declaring,
+// multiplying and storing the PT x CT accumulators, which WGSL cannot hold in
+// an indexable array). The operand readers `x_run` / `w_run` come from the conv kernel
 // (src/conv/common.rs), reading x as f16 or, converting, as f32.
 
 const BN: u32 = SG_N * CT * T;
