@@ -118,6 +118,12 @@ fn cases() -> Vec<Case> {
             input: [1, 8, 32, 32],
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
+        // 64 channels in: the forward's halo kernel stages them 32 at a time.
+        Case {
+            name: "3x3 same, 64 channels in, halo kernel and dweight halo kernel",
+            input: [1, 8, 16, 64],
+            params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
         Case {
             name: "3x5 explicit, halo kernel",
             input: [1, 8, 16, 16],

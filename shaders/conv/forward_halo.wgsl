@@ -9,9 +9,10 @@
 // step of TPS taps instead of 2 per staged step of the GEMM core.
 //
 // A workgroup computes BH x BW output positions (whole T-wide runs of one
-// image's rows) by BN output channels. It stages the halo, (BH + R - 1) x
-// (BW + S - 1) pixels of C_IN channels (zeros in the padding), once; then per
-// step of TPS filter taps the TPS * C_IN x BN slice of the weights ("taps").
+// image's rows) by BN output channels. Per chunk of HALO_C input channels it
+// stages the halo, (BH + R - 1) x (BW + S - 1) pixels of the chunk's channels
+// (zeros in the padding); then per step of TPS filter taps the TPS * HALO_C
+// x BN slice of the weights ("taps").
 // SG_M x SG_N subgroups each own PT position tiles by CT channel tiles; the
 // accumulators start from the bias and go straight into y (the host only
 // picks this kernel where every block lies inside the output). Staged pixels
@@ -19,8 +20,8 @@
 // successive rows in different banks.
 //
 // Written in by the host (src/conv/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
-// BH, BW, TPS, the staged sizes HALO_C (= C_IN), HALO_H, HALO_W and TAP_ROWS
-// (= TPS * C_IN), and the pieces marked `// generated:` (declaring,
+// BH, BW, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H, HALO_W and
+// TAP_ROWS (= TPS * HALO_C), and the pieces marked `// generated:` (declaring,
 // multiplying and storing the PT x CT accumulators, which WGSL cannot hold in
 // an indexable array). The operand readers `x_run` / `w_run` come from the conv kernel
 // (src/conv/common.rs), reading x as f16 or, converting, as f32.
@@ -63,37 +64,43 @@ fn main(
     let ow0 = (block % blocks_w) * BW;
     let ih0 = i32(oh0) - i32(PAD_TOP);
     let iw0 = i32(ow0) - i32(PAD_LEFT);
-    for (var g = lidx; g < HALO_RUNS; g += THREADS) {
-        let pixel = g / (HALO_C / 8u);
-        let c = (g % (HALO_C / 8u)) * 8u;
-        let ih = ih0 + i32(pixel / HALO_W);
-        let iw = iw0 + i32(pixel % HALO_W);
-        var run = Run();
-        if (ih >= 0 && ih < i32(H) && iw >= 0 && iw < i32(W)) {
-            run = x_run(i32(((n * H + u32(ih)) * W + u32(iw)) * C_IN + c));
-        }
-        stage_run(true, pixel * LDP + c / 4u, run);
-    }
     // This subgroup's corner: position tiles from sg_m * PT, channel tiles
     // from sg_n * CT. Position tile p covers T outputs of block row
     // p / (BW / T), from block column (p % (BW / T)) * T.
     let sg_m = sg / SG_N;
     let sub_col = col0 + (sg % SG_N) * CT * T;
     // generated: tile origins br_i, bc_i and accumulators acc_i_j
-    for (var step = 0u; step < R * S / TPS; step++) {
-        // The halo is staged, and the previous step's taps are read.
+    for (var cc = 0u; cc < C_IN; cc += HALO_C) {
+        // The previous chunk's halo is read.
         workgroupBarrier();
-        for (var g = lidx; g < TAP_RUNS; g += THREADS) {
-            let k = g / (BN / 8u);
-            let n8 = (g % (BN / 8u)) * 8u;
-            stage_run(false, k * LDW + n8 / 4u, w_run(i32((step * TAP_ROWS + k) * C_OUT + col0 + n8)));
+        for (var g = lidx; g < HALO_RUNS; g += THREADS) {
+            let pixel = g / (HALO_C / 8u);
+            let c = (g % (HALO_C / 8u)) * 8u;
+            let ih = ih0 + i32(pixel / HALO_W);
+            let iw = iw0 + i32(pixel % HALO_W);
+            var run = Run();
+            if (ih >= 0 && ih < i32(H) && iw >= 0 && iw < i32(W)) {
+                run = x_run(i32(((n * H + u32(ih)) * W + u32(iw)) * C_IN + cc + c));
+            }
+            stage_run(true, pixel * LDP + c / 4u, run);
         }
-        workgroupBarrier();
-        for (var tt = 0u; tt < TPS; tt++) {
-            let r = (step * TPS + tt) / S;
-            let s = (step * TPS + tt) % S;
-            for (var c0 = 0u; c0 < C_IN; c0 += T) {
-                // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds
+        for (var step = 0u; step < R * S / TPS; step++) {
+            // The halo is staged, and the previous step's taps are read.
+            workgroupBarrier();
+            for (var g = lidx; g < TAP_RUNS; g += THREADS) {
+                // Row k of the step's taps: tap k / HALO_C, channel cc + k % HALO_C.
+                let k = g / (BN / 8u);
+                let n8 = (g % (BN / 8u)) * 8u;
+                let row = (step * TPS + k / HALO_C) * C_IN + cc + k % HALO_C;
+                stage_run(false, k * LDW + n8 / 4u, w_run(i32(row * C_OUT + col0 + n8)));
+            }
+            workgroupBarrier();
+            for (var tt = 0u; tt < TPS; tt++) {
+                let r = (step * TPS + tt) / S;
+                let s = (step * TPS + tt) % S;
+                for (var c0 = 0u; c0 < HALO_C; c0 += T) {
+                    // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds
+                }
             }
         }
     }

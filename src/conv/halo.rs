@@ -20,15 +20,17 @@ const BLOCK_POSITIONS: usize = 128;
 const SUBGROUPS: u32 = 8;
 /// Output-channel tiles per subgroup.
 const CHANNEL_TILES: u32 = 2;
+/// Input channels a block stages at a time where the input has more.
+const CHANNEL_CHUNK: usize = 32;
 /// Filter taps one step stages, where the filter has that many; else one
 /// filter row.
 const TAPS: usize = 3;
 /// Workgroup memory the rule allows a block. The rule's block (128 positions,
 /// 2 channel tiles, 3 taps a step, 8 subgroups) was the fastest of the ones
-/// swept on the H200 (docs/perf-notes.md, entry 53): 25% and 18% faster than
-/// the GEMM core on the 32 -> 32 and 32 -> 64 convs (22-24 KiB blocks); on the
-/// 64 -> 64 conv its 41 KiB block only drew level with it (4 subgroups: 25%
-/// slower), so blocks over 24 KiB keep the GEMM core.
+/// swept on the H200 (docs/perf-notes.md, entries 53 and 55): 25% and 18%
+/// faster than the GEMM core on the 32 -> 32 and 32 -> 64 convs (22-24 KiB
+/// blocks), and 14% on the 64 -> 64 conv with its input staged 32 channels at
+/// a time (22 KiB; all 64 at once, 41 KiB, only drew level).
 const RULE_BYTES: usize = 24 * 1024;
 
 /// A block's size: output positions, channel tiles per subgroup, taps per
@@ -127,9 +129,10 @@ pub struct HaloBlock {
     pub subgroups: u32,
     /// Filter taps one step stages (a divisor of R * S).
     pub taps_per_step: u32,
-    /// Input channels, and halo rows and columns: `rows + R - 1`, `cols + S - 1`.
+    /// Input channels staged at a time (a divisor of C_in), and halo rows and
+    /// columns: `rows + R - 1`, `cols + S - 1`.
     pub halo: [u32; 3],
-    /// Rows of one step's taps: `taps_per_step * C_in`.
+    /// Rows of one step's taps: `taps_per_step` times the staged channels.
     pub tap_rows: u32,
 }
 
@@ -160,6 +163,13 @@ impl HaloBlock {
                 meta.r * meta.s
             ));
         }
+        // Wider inputs are staged 32 channels at a time, so the block stays
+        // within the workgroup-memory rule.
+        let chunk = if meta.c_in > CHANNEL_CHUNK && meta.c_in.is_multiple_of(CHANNEL_CHUNK) {
+            CHANNEL_CHUNK
+        } else {
+            meta.c_in
+        };
         let tiles = positions / t;
         if !tiles.is_multiple_of(subgroups as usize) {
             return Err(format!("{positions} positions in {subgroups} subgroups"));
@@ -172,8 +182,8 @@ impl HaloBlock {
             subgroups,
             channel_tiles,
             taps_per_step,
-            halo: [meta.c_in, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
-            tap_rows: taps_per_step * meta.c_in as u32,
+            halo: [chunk, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
+            tap_rows: taps_per_step * chunk as u32,
         };
         runs_subgroups(caps, subgroups)?;
         let limits = &caps.limits;
@@ -253,15 +263,15 @@ impl HaloBlock {
         let mut step = String::new();
         for i in 0..pt {
             step += &format!(
-                "                let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
+                "                    let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
             );
         }
         for j in 0..ct {
             step += &format!(
-                "                let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[(tt * C_IN + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
+                "                    let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[(tt * HALO_C + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
             );
         }
-        step += &multiply_adds(tiles(), "                ");
+        step += &multiply_adds(tiles(), "                    ");
         let mut stores = String::new();
         for (i, j) in tiles() {
             stores += &format!(
@@ -353,14 +363,12 @@ pub(crate) mod tests {
         assert_eq!((block.rows, block.cols), (8, 16));
         assert_eq!(block.workgroup_bytes(), (10 * 18 * 40 + 96 * 40) * 2);
         assert_eq!(block.grid(&conv3), [256 * 2, 2, 1]);
-        // 64 -> 64 would take 10 x 18 pixels of 72 halves and 3 x 64 tap
-        // rows, 41 KiB: over the rule's 24.
+        // 64 -> 64 stages 32 input channels at a time: 10 x 18 pixels of 40
+        // halves, 3 x 32 tap rows (all 64 at once would take 41 KiB).
         let conv4 = meta([256, 16, 16, 64], 64);
-        let declined = HaloBlock::fit(16, &conv4, &caps).unwrap_err();
-        assert!(
-            declined.contains(&format!("{}", (10 * 18 * 72 + 192 * 40) * 2)),
-            "{declined}"
-        );
+        let block = HaloBlock::fit(16, &conv4, &caps).unwrap();
+        assert_eq!(block.halo, [32, 10, 18]);
+        assert_eq!(block.workgroup_bytes(), (10 * 18 * 40 + 96 * 40) * 2);
         // 8 x 8 outputs are no whole 16-wide runs; stride 2 has no halo.
         let conv5 = meta([256, 8, 8, 64], 128);
         assert!(HaloBlock::fit(16, &conv5, &caps).is_err());
