@@ -138,6 +138,11 @@ impl Default for Model {
     }
 }
 
+/// The indices of the layers whose flag is set.
+fn flagged(flags: &[bool]) -> Vec<usize> {
+    (0..flags.len()).filter(|&i| flags[i]).collect()
+}
+
 fn model_err(message: impl Into<String>) -> AetherError {
     AetherError::Model(message.into())
 }
@@ -251,9 +256,9 @@ impl Model {
         self.f16_input_grads = vec![false; n];
         let device = &self.device;
         let running: Vec<usize> = (0..n).filter(|&i| !self.is_folded(i)).collect();
+        let on = self.f16_activations;
         for (k, &i) in running.iter().enumerate() {
             let (before, after) = (k.checked_sub(1).map(|k| running[k]), running.get(k + 1));
-            let on = self.f16_activations;
             let rounds_output =
                 on && after.is_some_and(|&j| self.layers[j].rounds_input_to_f16(device));
             let rounds_grad =
@@ -266,25 +271,19 @@ impl Model {
     /// Indices of the layers that write their output as f16 for the next
     /// layer (see [`Model::f16_activations`]).
     pub fn f16_outputs(&self) -> Vec<usize> {
-        (0..self.f16_outputs.len())
-            .filter(|&i| self.f16_outputs[i])
-            .collect()
+        flagged(&self.f16_outputs)
     }
 
     /// Indices of the layers whose backward returns the input gradient as
     /// f16 for the layer before (see [`Model::f16_activations`]).
     pub fn f16_input_grads(&self) -> Vec<usize> {
-        (0..self.f16_input_grads.len())
-            .filter(|&i| self.f16_input_grads[i])
-            .collect()
+        flagged(&self.f16_input_grads)
     }
 
     /// Indices of the ReLU layers that `finalize` folded into the layer
     /// before them (see [`Model::fuse_relu`]).
     pub fn fused_relus(&self) -> Vec<usize> {
-        (0..self.layers.len())
-            .filter(|&i| self.is_folded(i))
-            .collect()
+        flagged(&self.folded)
     }
 
     /// Whether layer `i` is a ReLU that runs inside the layer before it.

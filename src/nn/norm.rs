@@ -64,6 +64,16 @@ impl BatchNorm {
                 reason: "layer used before the model was finalized".into(),
             })
     }
+
+    /// F16 for a tensor its neighbour rounds to f16 anyway, where the GPU
+    /// kernels can pack it (4 channels at a time); else F32.
+    fn storage_for(&self, rounded: bool) -> DType {
+        if rounded && self.channels.is_multiple_of(4) {
+            DType::F16
+        } else {
+            DType::F32
+        }
+    }
 }
 
 impl Default for BatchNorm {
@@ -156,18 +166,15 @@ impl Layer for BatchNorm {
         true
     }
 
-    /// Written as f16 where the GPU kernels pack 4 channels at a time.
     fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
-        let f16 = rounded && self.channels.is_multiple_of(4);
-        self.output = if f16 { DType::F16 } else { DType::F32 };
-        f16
+        self.output = self.storage_for(rounded);
+        self.output == DType::F16
     }
 
-    /// Written as clipped f16 where the GPU kernels pack 4 channels at a time.
+    /// Clipped to +-65504 before it is rounded, as the conv's own cast does.
     fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
-        let f16 = rounded && self.channels.is_multiple_of(4);
-        self.input_grad = if f16 { DType::F16 } else { DType::F32 };
-        f16
+        self.input_grad = self.storage_for(rounded);
+        self.input_grad == DType::F16
     }
 
     fn trainables(&mut self) -> Vec<Trainable<'_>> {

@@ -24,8 +24,6 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use half::f16;
-
 use crate::conv::cast_f16;
 use crate::device::Device;
 use crate::error::{AetherError, Result};
@@ -120,9 +118,9 @@ pub struct RunningStats<'a> {
 
 /// [`batch_norm_train`] (with `out.relu`, [`batch_norm_relu_train`]; its
 /// output as `out.dtype`) followed by [`update_running_stats`] with its batch
-/// statistics: returns the new running mean and variance too. On the GPU the pass that finishes the batch
-/// statistics writes the running ones as well, so they take no dispatch of
-/// their own. Bit-identical to the separate calls.
+/// statistics: returns the new running mean and variance too. On the GPU the
+/// pass that finishes the batch statistics writes the running ones as well,
+/// so they take no dispatch of their own. Bit-identical to the separate calls.
 pub fn batch_norm_train_running(
     x: &Tensor,
     gamma: &Tensor,
@@ -350,10 +348,7 @@ fn output_cpu(x: &Tensor, y: Vec<f32>, out: NormOutput) -> Result<Tensor> {
     let y = Tensor::from_f32(x.dims().to_vec(), y, &x.device())?;
     let y = if out.relu { relu_op(&y)? } else { y };
     match out.dtype {
-        DType::F16 => {
-            let rounded = y.to_vec_f32()?.into_iter().map(f16::from_f32).collect();
-            Tensor::from_f16(y.dims().to_vec(), rounded, &y.device())
-        }
+        DType::F16 => cast_f16(&y, false),
         _ => Ok(y),
     }
 }
@@ -443,9 +438,17 @@ pub(crate) fn backward_into(
         }
         same_device(OP, &[dy, y])?;
         if dy.host_f32().is_some() {
-            // The CPU path takes ReLU's gradient first, then the plain backward.
-            let y = Tensor::from_f32(y.dims().to_vec(), y.to_vec_f32()?, &Device::Cpu)?;
-            let gated = relu_backward(&y, dy)?;
+            // The CPU path takes ReLU's gradient first (of an f16 output
+            // widened back), then the plain backward.
+            let widened;
+            let y = match y.dtype() {
+                DType::F16 => {
+                    widened = Tensor::from_f32(y.dims().to_vec(), y.to_vec_f32()?, &Device::Cpu)?;
+                    &widened
+                }
+                _ => y,
+            };
+            let gated = relu_backward(y, dy)?;
             return backward_into(&gated, x, gamma, stats, None, None, dx_dtype);
         }
     }
