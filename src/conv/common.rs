@@ -824,6 +824,33 @@ impl ConvLaunchPlan {
             Err(_) => self,
         }
     }
+
+    /// This plan with dweight's halo kernel where it fits `meta` and its
+    /// partial sums fit one storage binding (a coop plan only), else
+    /// unchanged.
+    pub(crate) fn with_dweight_halo(
+        self,
+        meta: &ConvShapeMeta,
+        caps: &GpuCapabilities,
+        compute_units: u32,
+    ) -> Self {
+        let Some(block) = self.coop else {
+            return self;
+        };
+        let Ok(halo) = DWeightHalo::fit(block.tile, meta, caps, compute_units) else {
+            return self;
+        };
+        let partial_bytes = halo.slices as usize * DWeightHalo::partial_rows(meta) * meta.c_out * 4;
+        if partial_bytes as u64 > caps.limits.max_storage_buffer_binding_size {
+            return self;
+        }
+        Self {
+            workgroups: halo.grid(meta),
+            split_k: halo.slices,
+            dweight_halo: Some(halo),
+            ..self
+        }
+    }
 }
 
 /// Geometry constants and index helpers shared by every conv shader, prepended

@@ -132,25 +132,11 @@ pub(crate) fn conv2d_dweight_into(
             plan.split_k = split;
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.
-            let Some(tile) = plan.coop.map(|block| block.tile) else {
-                return Ok(plan);
-            };
             let units = estimated_compute_units(ctx.caps());
-            let Ok(halo) = DWeightHalo::fit(tile, &meta, ctx.caps(), units) else {
-                return Ok(plan);
-            };
-            let halo_plan = ConvLaunchPlan {
-                workgroups: halo.grid(&meta),
-                split_k: halo.slices,
-                dweight_halo: Some(halo),
-                ..plan
-            };
-            let fits_binding =
-                (halo.slices as usize * DWeightHalo::partial_rows(&meta) * meta.c_out * 4) as u64
-                    <= ctx.caps().limits.max_storage_buffer_binding_size;
-            let compiles = || KERNEL.pipeline(ctx, &halo_plan, &meta).is_some();
-            Ok(if fits_binding && compiles() {
-                halo_plan
+            let halo = plan.with_dweight_halo(&meta, ctx.caps(), units);
+            let compiles = || KERNEL.pipeline(ctx, &halo, &meta).is_some();
+            Ok(if halo != plan && compiles() {
+                halo
             } else {
                 plan
             })

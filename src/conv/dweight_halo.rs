@@ -6,7 +6,7 @@
 
 use super::common::ConvShapeMeta;
 use super::coop::{const_lines, fill_template, multiply_adds};
-use super::halo::{runs_subgroups, whole_blocks};
+use super::halo::{fits_memory, runs_subgroups, whole_blocks};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
@@ -40,6 +40,12 @@ fn block_positions() -> std::result::Result<usize, String> {
             Err(format!("{DWEIGHT_HALO_ENV}={text}"))
         }
     }
+}
+
+/// Chunks of 2 tiles of input by 2 tiles of output channels at `tile`.
+fn channel_chunks(tile: u32, meta: &ConvShapeMeta) -> usize {
+    let chunk = 2 * tile as usize;
+    (meta.c_in / chunk) * (meta.c_out / chunk)
 }
 
 /// One workgroup's share: a slice of the blocks of `rows x cols` output
@@ -79,7 +85,7 @@ impl DWeightHalo {
         }
         let taps = (meta.r * meta.s) as u32;
         runs_subgroups(caps, taps + 1)?;
-        let chunks = (meta.c_in / (2 * t)) * (meta.c_out / (2 * t));
+        let chunks = channel_chunks(tile, meta);
         let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
         let slices = (2 * compute_units as usize / chunks).clamp(1, blocks);
         let block = Self {
@@ -90,14 +96,7 @@ impl DWeightHalo {
             halo: [rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             slices: slices as u32,
         };
-        let bytes = block.workgroup_bytes();
-        let mut limit = caps.limits.max_compute_workgroup_storage_size as usize;
-        if std::env::var(DWEIGHT_HALO_ENV).is_err() {
-            limit = limit.min(RULE_BYTES);
-        }
-        if bytes > limit {
-            return Err(format!("{bytes} bytes of workgroup memory"));
-        }
+        fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, DWEIGHT_HALO_ENV)?;
         Ok(block)
     }
 
@@ -117,9 +116,7 @@ impl DWeightHalo {
 
     /// Workgroups: slices of the blocks, chunks of channels.
     pub fn grid(&self, meta: &ConvShapeMeta) -> [u32; 3] {
-        let chunk = 2 * self.tile as usize;
-        let chunks = (meta.c_in / chunk) * (meta.c_out / chunk);
-        [self.slices, chunks as u32, 1]
+        [self.slices, channel_chunks(self.tile, meta) as u32, 1]
     }
 
     /// The constants dweight_halo.wgsl expects.

@@ -94,6 +94,25 @@ pub(crate) fn whole_blocks(
     Ok((rows, cols))
 }
 
+/// `Ok` where a block of `bytes` of workgroup memory fits the adapter and,
+/// unless `pinned_by` (the tuning variable) pins the block, the rule's
+/// `rule_bytes`.
+pub(crate) fn fits_memory(
+    bytes: usize,
+    caps: &GpuCapabilities,
+    rule_bytes: usize,
+    pinned_by: &str,
+) -> std::result::Result<(), String> {
+    let mut limit = caps.limits.max_compute_workgroup_storage_size as usize;
+    if std::env::var(pinned_by).is_err() {
+        limit = limit.min(rule_bytes);
+    }
+    if bytes > limit {
+        return Err(format!("{bytes} bytes of workgroup memory"));
+    }
+    Ok(())
+}
+
 /// `Ok` where the adapter runs workgroups of `subgroups` subgroups of one
 /// fixed size.
 pub(crate) fn runs_subgroups(
@@ -186,16 +205,9 @@ impl HaloBlock {
             tap_rows: taps_per_step * chunk as u32,
         };
         runs_subgroups(caps, subgroups)?;
-        let limits = &caps.limits;
-        let bytes = block.workgroup_bytes();
-        let pinned = std::env::var(HALO_ENV).is_ok();
-        if bytes > limits.max_compute_workgroup_storage_size as usize
-            || (bytes > RULE_BYTES && !pinned)
-        {
-            return Err(format!("{bytes} bytes of workgroup memory"));
-        }
+        fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, HALO_ENV)?;
         let blocks = block.grid(meta)[0];
-        if blocks > limits.max_compute_workgroups_per_dimension as usize {
+        if blocks > caps.limits.max_compute_workgroups_per_dimension as usize {
             return Err(format!("{blocks} blocks"));
         }
         Ok(block)
