@@ -70,12 +70,7 @@ fn main(
         for (var g = lidx; g < HALO_RUNS; g += THREADS) {
             let pixel = g / (CB / 8u);
             let c = (g % (CB / 8u)) * 8u;
-            let ih = ih0 + i32(pixel / HALO_W);
-            let iw = iw0 + i32(pixel % HALO_W);
-            var run = Run();
-            if (ih >= 0 && ih < i32(H) && iw >= 0 && iw < i32(W)) {
-                run = x_run(i32(((n * H + u32(ih)) * W + u32(iw)) * C_IN + ci0 + c));
-            }
+            let run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), ci0 + c);
             let slot = pixel * LDP + c / 4u;
             halo[slot] = run[0];
             halo[slot + 1u] = run[1];

@@ -76,12 +76,7 @@ fn main(
         for (var g = lidx; g < HALO_RUNS; g += THREADS) {
             let pixel = g / (HALO_C / 8u);
             let c = (g % (HALO_C / 8u)) * 8u;
-            let ih = ih0 + i32(pixel / HALO_W);
-            let iw = iw0 + i32(pixel % HALO_W);
-            var run = Run();
-            if (ih >= 0 && ih < i32(H) && iw >= 0 && iw < i32(W)) {
-                run = x_run(i32(((n * H + u32(ih)) * W + u32(iw)) * C_IN + cc + c));
-            }
+            let run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), cc + c);
             stage_run(true, pixel * LDP + c / 4u, run);
         }
         for (var step = 0u; step < R * S / TPS; step++) {

@@ -43,6 +43,16 @@ fn im2col_position(m: u32) -> vec3<i32> {
     return vec3<i32>(((i32(n * H) + ih) * i32(W) + iw) * i32(C_IN), ih, iw);
 }
 
+// The run of 8 channels from c of input pixel (n, ih, iw), zeros where the
+// pixel falls in the padding: what the halo kernels stage (forward_halo.wgsl,
+// dweight_halo.wgsl). Needs C_IN % 8 == 0 and c % 8 == 0.
+fn x_pixel_run(n: u32, ih: i32, iw: i32, c: u32) -> Run {
+    if (ih < 0 || ih >= i32(H) || iw < 0 || iw >= i32(W)) {
+        return Run();
+    }
+    return x_run(i32(((n * H + u32(ih)) * W + u32(iw)) * C_IN + c));
+}
+
 // The run at `position` and column k, zeros where the tap falls in the padding.
 fn im2col_run_at(position: vec3<i32>, k: u32) -> Run {
     let c = k % C_IN;
