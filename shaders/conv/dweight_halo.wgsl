@@ -12,7 +12,8 @@
 // subgroup per filter tap owns that tap's 2 x 2 tiles; subgroup R * S
 // multiplies a tile of ones by dy, so every row of its tiles is a dbias sum.
 // Per block: stage the halo (BH + R - 1) x (BW + S - 1) pixels of CB channels
-// and the BH * BW x CB dy block, barrier, multiply, barrier. Partial sums go
+// and the BH * BW x CB dy block, barrier, multiply, barrier; the next block's
+// halo and dy are fetched into registers while this one multiplies. Partial sums go
 // to [z][K + BIAS_ROWS][C_OUT]: rows of dW as the GEMM core writes them, then
 // the dbias subgroups' tiles, 2 tiles of rows per input-channel chunk (every
 // matrix store is unconditional: naga wants them in uniform control flow), of
@@ -30,8 +31,68 @@ const DY_RUNS: u32 = BH * BW * (CB / 8u);
 // After the halo: T halves of ones, the dbias subgroup's A tile (stride 0).
 const ONES: u32 = HALO_H * HALO_W * LDP;
 
+const HALO_SLOTS: u32 = (HALO_RUNS + THREADS - 1u) / THREADS;
+const DY_SLOTS: u32 = (DY_RUNS + THREADS - 1u) / THREADS;
+
 var<workgroup> halo: array<vec4<f16>, ONES + T / 4u>;
 var<workgroup> dys: array<vec4<f16>, BH * BW * LDP>;
+
+// A block's operands on their way from global to workgroup memory.
+struct BlockRuns {
+    halo: array<Run, HALO_SLOTS>,
+    dy: array<Run, DY_SLOTS>,
+}
+
+// Reads this thread's runs of block `block` (image-major, then block rows)
+// from global memory: halo pixel g / (CB / 8) and dy position g / (CB / 8),
+// channels 8 at a time.
+fn fetch_block(regs: ptr<function, BlockRuns>, block: u32, ci0: u32, co0: u32, lidx: u32) {
+    let blocks_w = W_OUT / BW;
+    let n = block / ((H_OUT / BH) * blocks_w);
+    let within = block % ((H_OUT / BH) * blocks_w);
+    let oh0 = (within / blocks_w) * BH;
+    let ow0 = (within % blocks_w) * BW;
+    let ih0 = i32(oh0) - i32(PAD_TOP);
+    let iw0 = i32(ow0) - i32(PAD_LEFT);
+    for (var s = 0u; s < HALO_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        let pixel = g / (CB / 8u);
+        var run = Run();
+        if (g < HALO_RUNS) {
+            run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), ci0 + (g % (CB / 8u)) * 8u);
+        }
+        (*regs).halo[s] = run;
+    }
+    for (var s = 0u; s < DY_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        let p = g / (CB / 8u);
+        var run = Run();
+        if (g < DY_RUNS) {
+            let position = (n * H_OUT + oh0 + p / BW) * W_OUT + ow0 + p % BW;
+            run = dy_run(i32(position * C_OUT + co0 + (g % (CB / 8u)) * 8u));
+        }
+        (*regs).dy[s] = run;
+    }
+}
+
+fn stage_block(regs: ptr<function, BlockRuns>, lidx: u32) {
+    for (var s = 0u; s < HALO_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        if (g < HALO_RUNS) {
+            let slot = (g / (CB / 8u)) * LDP + (g % (CB / 8u)) * 2u;
+            halo[slot] = (*regs).halo[s][0];
+            halo[slot + 1u] = (*regs).halo[s][1];
+        }
+    }
+    for (var s = 0u; s < DY_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        if (g < DY_RUNS) {
+            let slot = (g / (CB / 8u)) * LDP + (g % (CB / 8u)) * 2u;
+            dys[slot] = (*regs).dy[s][0];
+            dys[slot + 1u] = (*regs).dy[s][1];
+        }
+    }
+}
 
 @compute @workgroup_size(THREADS)
 fn main(
@@ -45,9 +106,7 @@ fn main(
     let chunks_in = C_IN / CB;
     let ci0 = (wid.y % chunks_in) * CB;
     let co0 = (wid.y / chunks_in) * CB;
-    let blocks_w = W_OUT / BW;
-    let blocks_per_image = (H_OUT / BH) * blocks_w;
-    let blocks = params.n * blocks_per_image;
+    let blocks = params.n * (H_OUT / BH) * (W_OUT / BW);
     // The tap this subgroup owns; the last subgroup (TAPS) does dbias with ones.
     let is_bias = sg == TAPS;
     let tap = min(sg, TAPS - 1u);
@@ -58,33 +117,20 @@ fn main(
         halo[ONES + i] = vec4<f16>(1.0);
     }
     // generated: accumulators acc_i_j
+    // The next block's runs load while this one multiplies.
+    var regs: BlockRuns;
+    if (z < blocks) {
+        fetch_block(&regs, z, ci0, co0, lidx);
+    }
     for (var block = z; block < blocks; block += slices) {
-        let n = block / blocks_per_image;
-        let within = block % blocks_per_image;
-        let oh0 = (within / blocks_w) * BH;
-        let ow0 = (within % blocks_w) * BW;
-        let ih0 = i32(oh0) - i32(PAD_TOP);
-        let iw0 = i32(ow0) - i32(PAD_LEFT);
         // The previous block's halo and dy are read.
         workgroupBarrier();
-        for (var g = lidx; g < HALO_RUNS; g += THREADS) {
-            let pixel = g / (CB / 8u);
-            let c = (g % (CB / 8u)) * 8u;
-            let run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), ci0 + c);
-            let slot = pixel * LDP + c / 4u;
-            halo[slot] = run[0];
-            halo[slot + 1u] = run[1];
-        }
-        for (var g = lidx; g < DY_RUNS; g += THREADS) {
-            let p = g / (CB / 8u);
-            let c = (g % (CB / 8u)) * 8u;
-            let position = (n * H_OUT + oh0 + p / BW) * W_OUT + ow0 + p % BW;
-            let run = dy_run(i32(position * C_OUT + co0 + c));
-            let slot = p * LDP + c / 4u;
-            dys[slot] = run[0];
-            dys[slot + 1u] = run[1];
-        }
+        stage_block(&regs, lidx);
         workgroupBarrier();
+        let next = block + slices;
+        if (next < blocks) {
+            fetch_block(&regs, next, ci0, co0, lidx);
+        }
         for (var p0 = 0u; p0 < BH * BW; p0 += T) {
             // T positions along block row p0 / BW, from column p0 % BW.
             let a_at = select(((p0 / BW + r) * HALO_W + p0 % BW + s) * LDP, ONES, is_bias);

@@ -17,7 +17,10 @@
 // accumulators start from the bias and go straight into y (the host only
 // picks this kernel where every block lies inside the output). Staged pixels
 // and tap rows are padded by 8 halves: 16-byte aligned matrix loads,
-// successive rows in different banks.
+// successive rows in different banks. The next step's taps (and, where a
+// chunk ends, the next chunk's halo) are fetched from global memory into
+// registers while the current step multiplies, so their latency overlaps the
+// MMAs, as in the GEMM core.
 //
 // Written in by the host (src/conv/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
 // BH, BW, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H, HALO_W and
@@ -35,17 +38,60 @@ const LDW: u32 = BN / 4u + 2u;
 const HALO_RUNS: u32 = HALO_H * HALO_W * (HALO_C / 8u);
 const TAP_RUNS: u32 = TAP_ROWS * (BN / 8u);
 
+const HALO_SLOTS: u32 = (HALO_RUNS + THREADS - 1u) / THREADS;
+const TAP_SLOTS: u32 = (TAP_RUNS + THREADS - 1u) / THREADS;
+
 var<workgroup> halo: array<vec4<f16>, HALO_H * HALO_W * LDP>;
 var<workgroup> taps: array<vec4<f16>, TAP_ROWS * LDW>;
 
-// Stores one run of 8 halves at vec4 index `slot`.
-fn stage_run(to_halo: bool, slot: u32, run: Run) {
-    if (to_halo) {
-        halo[slot] = run[0];
-        halo[slot + 1u] = run[1];
-    } else {
-        taps[slot] = run[0];
-        taps[slot + 1u] = run[1];
+// Reads this thread's runs of the halo of input channels cc.. from global
+// memory: pixel g / (HALO_C / 8) of the halo, channels 8 at a time.
+fn fetch_halo(regs: ptr<function, array<Run, HALO_SLOTS>>, n: u32, ih0: i32, iw0: i32, cc: u32, lidx: u32) {
+    for (var s = 0u; s < HALO_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        let pixel = g / (HALO_C / 8u);
+        var run = Run();
+        if (g < HALO_RUNS) {
+            run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), cc + (g % (HALO_C / 8u)) * 8u);
+        }
+        (*regs)[s] = run;
+    }
+}
+
+fn stage_halo(regs: ptr<function, array<Run, HALO_SLOTS>>, lidx: u32) {
+    for (var s = 0u; s < HALO_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        if (g < HALO_RUNS) {
+            let slot = (g / (HALO_C / 8u)) * LDP + (g % (HALO_C / 8u)) * 2u;
+            halo[slot] = (*regs)[s][0];
+            halo[slot + 1u] = (*regs)[s][1];
+        }
+    }
+}
+
+// Reads this thread's runs of one step's taps: row k is filter tap
+// step * TPS + k / HALO_C, input channel cc + k % HALO_C.
+fn fetch_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, step: u32, cc: u32, col0: u32, lidx: u32) {
+    for (var s = 0u; s < TAP_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        let k = g / (BN / 8u);
+        var run = Run();
+        if (g < TAP_RUNS) {
+            let row = (step * TPS + k / HALO_C) * C_IN + cc + k % HALO_C;
+            run = w_run(i32(row * C_OUT + col0 + (g % (BN / 8u)) * 8u));
+        }
+        (*regs)[s] = run;
+    }
+}
+
+fn stage_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, lidx: u32) {
+    for (var s = 0u; s < TAP_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        if (g < TAP_RUNS) {
+            let slot = (g / (BN / 8u)) * LDW + (g % (BN / 8u)) * 2u;
+            taps[slot] = (*regs)[s][0];
+            taps[slot + 1u] = (*regs)[s][1];
+        }
     }
 }
 
@@ -70,32 +116,37 @@ fn main(
     let sg_m = sg / SG_N;
     let sub_col = col0 + (sg % SG_N) * CT * T;
     // generated: tile origins br_i, bc_i and accumulators acc_i_j
-    for (var cc = 0u; cc < C_IN; cc += HALO_C) {
-        // The previous chunk's halo is read.
+    // Step i stages filter taps (i % STEPS) * TPS.. of input channels
+    // (i / STEPS) * HALO_C.., the halo too where those channels start.
+    let steps = R * S / TPS;
+    let all_steps = C_IN / HALO_C * steps;
+    var halo_regs: array<Run, HALO_SLOTS>;
+    var tap_regs: array<Run, TAP_SLOTS>;
+    fetch_halo(&halo_regs, n, ih0, iw0, 0u, lidx);
+    fetch_taps(&tap_regs, 0u, 0u, col0, lidx);
+    for (var i = 0u; i < all_steps; i++) {
+        let step = i % steps;
+        // The previous step's halo and taps are read.
         workgroupBarrier();
-        for (var g = lidx; g < HALO_RUNS; g += THREADS) {
-            let pixel = g / (HALO_C / 8u);
-            let c = (g % (HALO_C / 8u)) * 8u;
-            let run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), cc + c);
-            stage_run(true, pixel * LDP + c / 4u, run);
+        if (step == 0u) {
+            stage_halo(&halo_regs, lidx);
         }
-        for (var step = 0u; step < R * S / TPS; step++) {
-            // The halo is staged, and the previous step's taps are read.
-            workgroupBarrier();
-            for (var g = lidx; g < TAP_RUNS; g += THREADS) {
-                // Row k of the step's taps: tap k / HALO_C, channel cc + k % HALO_C.
-                let k = g / (BN / 8u);
-                let n8 = (g % (BN / 8u)) * 8u;
-                let row = (step * TPS + k / HALO_C) * C_IN + cc + k % HALO_C;
-                stage_run(false, k * LDW + n8 / 4u, w_run(i32(row * C_OUT + col0 + n8)));
+        stage_taps(&tap_regs, lidx);
+        workgroupBarrier();
+        // The next step's operands load while this one multiplies.
+        let next = i + 1u;
+        if (next < all_steps) {
+            let cc = next / steps * HALO_C;
+            fetch_taps(&tap_regs, next % steps, cc, col0, lidx);
+            if (next % steps == 0u) {
+                fetch_halo(&halo_regs, n, ih0, iw0, cc, lidx);
             }
-            workgroupBarrier();
-            for (var tt = 0u; tt < TPS; tt++) {
-                let r = (step * TPS + tt) / S;
-                let s = (step * TPS + tt) % S;
-                for (var c0 = 0u; c0 < HALO_C; c0 += T) {
-                    // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds
-                }
+        }
+        for (var tt = 0u; tt < TPS; tt++) {
+            let r = (step * TPS + tt) / S;
+            let s = (step * TPS + tt) % S;
+            for (var c0 = 0u; c0 < HALO_C; c0 += T) {
+                // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds
             }
         }
     }
