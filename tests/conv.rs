@@ -124,6 +124,14 @@ fn cases() -> Vec<Case> {
             input: [1, 8, 16, 64],
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
+        // 16 x 16 outputs by 64 channels: the forward's first rule block, a
+        // whole image by 4 channel tiles over 16 subgroups (2 position tiles
+        // each at tile 8; 16 channels in keep it within lavapipe's 32 KiB).
+        Case {
+            name: "3x3 same, whole-image halo kernel",
+            input: [1, 16, 16, 16],
+            params: p(64, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
         Case {
             name: "3x5 explicit, halo kernel",
             input: [1, 8, 16, 16],
@@ -219,6 +227,14 @@ test_device!(
                         *direction == ConvDirection::Forward && plan.halo.is_some()
                     });
                     assert!(halo, "forward {ctx}: the halo kernel did not run");
+                }
+                if case.name.contains("whole-image halo") && variant.starts_with("coop") {
+                    let summary = plans.summary();
+                    let whole = summary.iter().any(|(_, _, plan)| {
+                        plan.halo
+                            .is_some_and(|b| (b.rows, b.cols, b.subgroups) == (16, 16, 16))
+                    });
+                    assert!(whole, "forward {ctx}: not the whole-image halo block");
                 }
                 let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);
                 assert!(err <= bound, "forward {ctx}: error {err:e} > {bound:e}");

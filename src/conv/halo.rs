@@ -14,42 +14,50 @@ use crate::gpu::GpuCapabilities;
 /// filter taps staged per step (a divisor of R * S) and subgroups.
 pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 
-/// Output positions a block aims for (as the GEMM core's tall blocks: 128).
-const BLOCK_POSITIONS: usize = 128;
-/// Subgroups per workgroup, all along the positions.
-const SUBGROUPS: u32 = 8;
-/// Output-channel tiles per subgroup.
-const CHANNEL_TILES: u32 = 2;
+/// The blocks the rule tries, in order: (output positions, output-channel
+/// tiles, subgroups), each subgroup one tile of positions by all the block's
+/// channel tiles. Swept on the H200 (docs/perf-notes.md, entries 53, 55 and
+/// 56): 256 positions x 4 tiles with 16 subgroups (a whole 16 x 16 image by 64
+/// channels, 39 KiB) is 15-16% faster than 128 x 2 tiles with 8 subgroups on
+/// the 32 -> 64 and 64 -> 64 forwards; 128 x 2 (24 KiB) is the block for
+/// outputs of fewer than 4 tiles, 25% faster than the GEMM core on the
+/// 32 -> 32 conv.
+const RULE_BLOCKS: [(usize, u32, u32); 2] = [(256, 4, 16), (128, 2, 8)];
 /// Input channels a block stages at a time where the input has more.
 const CHANNEL_CHUNK: usize = 32;
 /// Filter taps one step stages, where the filter has that many; else one
 /// filter row.
 const TAPS: usize = 3;
-/// Workgroup memory the rule allows a block. The rule's block (128 positions,
-/// 2 channel tiles, 3 taps a step, 8 subgroups) was the fastest of the ones
-/// swept on the H200 (docs/perf-notes.md, entries 53 and 55): 25% and 18%
-/// faster than the GEMM core on the 32 -> 32 and 32 -> 64 convs (22-24 KiB
-/// blocks), and 14% on the 64 -> 64 conv with its input staged 32 channels at
-/// a time (22 KiB; all 64 at once, 41 KiB, only drew level).
-const RULE_BYTES: usize = 24 * 1024;
+/// Workgroup memory the rule allows a block: the larger rule block of a 16 x
+/// 16 image. (A block staging all 64 input channels of the 64 -> 64 conv at
+/// once, 41 KiB at 128 x 2 tiles, only drew level with the GEMM core.)
+const RULE_BYTES: usize = 40 * 1024;
 
 /// A block's size: output positions, channel tiles per subgroup, taps per
 /// step, subgroups.
 type BlockSize = (usize, u32, u32, u32);
 
-/// The block size for a filter of `taps` taps in rows of `row`: the tuning
-/// override, or the rule.
-fn block_size(taps: usize, row: usize) -> std::result::Result<BlockSize, String> {
+/// The block sizes to try for a filter of `taps` taps in rows of `row`: the
+/// tuning override, or the rule's, in order.
+fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, String> {
     let Ok(text) = std::env::var(HALO_ENV) else {
-        let step = if taps.is_multiple_of(TAPS) { TAPS } else { row };
-        return Ok((BLOCK_POSITIONS, CHANNEL_TILES, step as u32, SUBGROUPS));
+        let step = if taps.is_multiple_of(TAPS) { TAPS } else { row } as u32;
+        return Ok(RULE_BLOCKS
+            .iter()
+            .map(|&(positions, tiles, subgroups)| (positions, tiles, step, subgroups))
+            .collect());
     };
     let parsed: Option<Vec<usize>> = text.split('x').map(|v| v.trim().parse().ok()).collect();
     match parsed.as_deref() {
         Some(&[positions, tiles, step, subgroups])
             if positions > 0 && (1..=8).contains(&tiles) && step > 0 && subgroups > 0 =>
         {
-            Ok((positions, tiles as u32, step as u32, subgroups as u32))
+            Ok(vec![(
+                positions,
+                tiles as u32,
+                step as u32,
+                subgroups as u32,
+            )])
         }
         _ if text == "0" => Err(format!("{HALO_ENV}=0")),
         _ => {
@@ -156,17 +164,33 @@ pub struct HaloBlock {
 }
 
 impl HaloBlock {
-    /// The block for `meta` at `tile`, or why the halo kernel does not apply
-    /// (the GEMM core then runs): stride 1 and no dilation, whole blocks
-    /// (so every tile goes straight into the output), channel counts that
-    /// tile, and workgroup memory and invocations within the adapter's limits.
+    /// The first block of the rule's (or the pinned one) that fits `meta` at
+    /// `tile`, or why none does (the GEMM core then runs).
     pub fn fit(
         tile: u32,
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
     ) -> std::result::Result<Self, String> {
-        let (positions, channel_tiles, taps_per_step, subgroups) =
-            block_size(meta.r * meta.s, meta.s)?;
+        let mut declined = Vec::new();
+        for size in block_sizes(meta.r * meta.s, meta.s)? {
+            match Self::fit_size(tile, meta, caps, size) {
+                Ok(block) => return Ok(block),
+                Err(why) => declined.push(why),
+            }
+        }
+        Err(declined.join("; "))
+    }
+
+    /// The block of `size` for `meta` at `tile`, or why it does not fit:
+    /// stride 1 and no dilation, whole blocks (so every tile goes straight
+    /// into the output), channel counts that tile, and workgroup memory and
+    /// invocations within the adapter's limits.
+    fn fit_size(
+        tile: u32,
+        meta: &ConvShapeMeta,
+        caps: &GpuCapabilities,
+        (positions, channel_tiles, taps_per_step, subgroups): BlockSize,
+    ) -> std::result::Result<Self, String> {
         let t = tile as usize;
         let (rows, cols) = whole_blocks(tile, meta, positions)?;
         let block_channels = channel_tiles as usize * t;
@@ -369,17 +393,24 @@ pub(crate) mod tests {
         // 6 x 34 pixels of 40 halves, 3 x 32 tap rows of 40 halves.
         assert_eq!(block.workgroup_bytes(), (6 * 34 * 40 + 96 * 40) * 2);
         assert_eq!(block.grid(&conv2), [256 * 8, 1, 1]);
-        // 32 -> 64 at 16 x 16: 10 x 18 pixels of 40 halves, two channel blocks.
+        // 32 -> 64 at 16 x 16: the first rule block, a whole image by 64
+        // channels: 18 x 18 pixels of 40 halves, 3 x 32 tap rows of 72.
         let conv3 = meta([256, 16, 16, 32], 64);
         let block = HaloBlock::fit(16, &conv3, &caps).unwrap();
-        assert_eq!((block.rows, block.cols), (8, 16));
-        assert_eq!(block.workgroup_bytes(), (10 * 18 * 40 + 96 * 40) * 2);
-        assert_eq!(block.grid(&conv3), [256 * 2, 2, 1]);
-        // 64 -> 64 stages 32 input channels at a time: 10 x 18 pixels of 40
-        // halves, 3 x 32 tap rows (all 64 at once would take 41 KiB).
+        assert_eq!((block.rows, block.cols, block.subgroups), (16, 16, 16));
+        assert_eq!((block.position_tiles, block.channel_tiles), (1, 4));
+        assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
+        assert_eq!(block.grid(&conv3), [256, 1, 1]);
+        // 64 -> 64 stages 32 input channels at a time: the same sizes.
         let conv4 = meta([256, 16, 16, 64], 64);
         let block = HaloBlock::fit(16, &conv4, &caps).unwrap();
-        assert_eq!(block.halo, [32, 10, 18]);
+        assert_eq!(block.halo, [32, 18, 18]);
+        assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
+        // Where the adapter has less workgroup memory, the second rule block.
+        let mut small = caps.clone();
+        small.limits.max_compute_workgroup_storage_size = 32 * 1024;
+        let block = HaloBlock::fit(16, &conv4, &small).unwrap();
+        assert_eq!((block.rows, block.cols, block.channel_tiles), (8, 16, 2));
         assert_eq!(block.workgroup_bytes(), (10 * 18 * 40 + 96 * 40) * 2);
         // 8 x 8 outputs are no whole 16-wide runs; stride 2 has no halo.
         let conv5 = meta([256, 8, 8, 64], 128);
