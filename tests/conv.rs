@@ -125,8 +125,9 @@ fn cases() -> Vec<Case> {
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
         // 16 x 16 outputs by 64 channels: the forward's first rule block, a
-        // whole image by 4 channel tiles over 16 subgroups (2 position tiles
-        // each at tile 8; 16 channels in keep it within lavapipe's 32 KiB).
+        // whole image by 4 channel tiles over 4 x 4 subgroups (8 position
+        // tiles each at tile 8; 16 channels in keep it within lavapipe's 32
+        // KiB).
         Case {
             name: "3x3 same, whole-image halo kernel",
             input: [1, 16, 16, 16],
@@ -232,7 +233,7 @@ test_device!(
                     let summary = plans.summary();
                     let whole = summary.iter().any(|(_, _, plan)| {
                         plan.halo
-                            .is_some_and(|b| (b.rows, b.cols, b.subgroups) == (16, 16, 16))
+                            .is_some_and(|b| (b.rows, b.cols, b.subgroups) == (16, 16, [4, 4]))
                     });
                     assert!(whole, "forward {ctx}: not the whole-image halo block");
                 }

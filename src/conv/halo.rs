@@ -9,20 +9,22 @@ use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
 /// Environment variable for tuning: `0` turns the halo kernel off (the GEMM
-/// core runs), `POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS` (e.g. `128x2x3x4`)
-/// pins its block: output positions, output-channel tiles per subgroup,
-/// filter taps staged per step (a divisor of R * S) and subgroups.
+/// core runs), `POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS[xCOLUMNS]` (e.g.
+/// `256x4x3x16`) pins its block: output positions, output-channel tiles,
+/// filter taps staged per step (a divisor of R * S), subgroups, and how many
+/// columns of subgroups split the channel tiles (default 1: every subgroup
+/// takes all of them).
 pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 
 /// The blocks the rule tries, in order: (output positions, output-channel
-/// tiles, subgroups), each subgroup one tile of positions by all the block's
-/// channel tiles. Swept on the H200 (docs/perf-notes.md, entries 53, 55 and
-/// 56): 256 positions x 4 tiles with 16 subgroups (a whole 16 x 16 image by 64
-/// channels, 39 KiB) is 15-16% faster than 128 x 2 tiles with 8 subgroups on
-/// the 32 -> 64 and 64 -> 64 forwards; 128 x 2 (24 KiB) is the block for
-/// outputs of fewer than 4 tiles, 25% faster than the GEMM core on the
-/// 32 -> 32 conv.
-const RULE_BLOCKS: [(usize, u32, u32); 2] = [(256, 4, 16), (128, 2, 8)];
+/// tiles, subgroups, columns of subgroups splitting the channel tiles). Swept
+/// on the H200 (docs/perf-notes.md, entries 53, 55 and 56): a whole 16 x 16
+/// image by 4 channel tiles over 4 x 4 subgroups (39 KiB) took the 32 -> 64
+/// and 64 -> 64 forwards 20% and 29% below 128 x 2 tiles over 8 x 1 subgroups
+/// (24 KiB, 25% below the GEMM core on the 32 -> 32 conv, where 256 x 2 tiles
+/// over 8 x 2 subgroups now run, 35 KiB, 4% faster). The last is for adapters
+/// with less workgroup memory.
+const RULE_BLOCKS: [(usize, u32, u32, u32); 3] = [(256, 4, 16, 4), (256, 2, 16, 2), (128, 2, 8, 1)];
 /// Input channels a block stages at a time where the input has more.
 const CHANNEL_CHUNK: usize = 32;
 /// Filter taps one step stages, where the filter has that many; else one
@@ -33,9 +35,9 @@ const TAPS: usize = 3;
 /// once, 41 KiB at 128 x 2 tiles, only drew level with the GEMM core.)
 const RULE_BYTES: usize = 40 * 1024;
 
-/// A block's size: output positions, channel tiles per subgroup, taps per
-/// step, subgroups.
-type BlockSize = (usize, u32, u32, u32);
+/// A block's size: output positions, channel tiles, taps per step,
+/// subgroups, columns of subgroups.
+type BlockSize = (usize, u32, u32, u32, u32);
 
 /// The block sizes to try for a filter of `taps` taps in rows of `row`: the
 /// tuning override, or the rule's, in order.
@@ -44,20 +46,22 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
         let step = if taps.is_multiple_of(TAPS) { TAPS } else { row } as u32;
         return Ok(RULE_BLOCKS
             .iter()
-            .map(|&(positions, tiles, subgroups)| (positions, tiles, step, subgroups))
+            .map(|&(positions, tiles, subgroups, columns)| {
+                (positions, tiles, step, subgroups, columns)
+            })
             .collect());
     };
-    let parsed: Option<Vec<usize>> = text.split('x').map(|v| v.trim().parse().ok()).collect();
+    let parsed: Option<Vec<u32>> = text.split('x').map(|v| v.trim().parse().ok()).collect();
     match parsed.as_deref() {
-        Some(&[positions, tiles, step, subgroups])
-            if positions > 0 && (1..=8).contains(&tiles) && step > 0 && subgroups > 0 =>
+        Some(&[positions, tiles, step, subgroups, ref columns @ ..])
+            if positions > 0
+                && (1..=8).contains(&tiles)
+                && step > 0
+                && subgroups > 0
+                && matches!(columns, [] | [1..=u32::MAX]) =>
         {
-            Ok(vec![(
-                positions,
-                tiles as u32,
-                step as u32,
-                subgroups as u32,
-            )])
+            let columns = columns.first().copied().unwrap_or(1);
+            Ok(vec![(positions as usize, tiles, step, subgroups, columns)])
         }
         _ if text == "0" => Err(format!("{HALO_ENV}=0")),
         _ => {
@@ -65,7 +69,7 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
                 &format!("halo-env:{text}"),
                 &format!(
                     "{HALO_ENV}={text:?} is neither 0 nor \
-                     POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS (e.g. 128x2x3x4): \
+                     POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS[xCOLUMNS] (e.g. 256x4x3x16): \
                      the forward's halo kernel is off"
                 ),
             );
@@ -141,10 +145,12 @@ pub(crate) fn runs_subgroups(
 }
 
 /// One workgroup's share of the forward: `rows x cols` output positions of
-/// one image (`cols` a multiple of the tile) by `channel_tiles` tiles of output channels,
-/// over `subgroups` subgroups of `position_tiles x channel_tiles` tiles; with the staged sizes that
-/// follow from the filter (written into the WGSL: naga sizes workgroup
-/// arrays with constants only, not the shape's override constants).
+/// one image (`cols` a multiple of the tile) by the output channels of
+/// `subgroups[1]` columns of `channel_tiles` tiles, over `subgroups[0] x
+/// subgroups[1]` subgroups of `position_tiles x channel_tiles` tiles; with the
+/// staged sizes that follow from the filter (written into the WGSL: naga
+/// sizes workgroup arrays with constants only, not the shape's override
+/// constants).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HaloBlock {
     pub tile: u32,
@@ -152,8 +158,8 @@ pub struct HaloBlock {
     pub cols: u32,
     pub position_tiles: u32,
     pub channel_tiles: u32,
-    /// Subgroups, all along the positions.
-    pub subgroups: u32,
+    /// Subgroups along the positions, along the channels.
+    pub subgroups: [u32; 2],
     /// Filter taps one step stages (a divisor of R * S).
     pub taps_per_step: u32,
     /// Input channels staged at a time (a divisor of C_in), and halo rows and
@@ -189,11 +195,17 @@ impl HaloBlock {
         tile: u32,
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
-        (positions, channel_tiles, taps_per_step, subgroups): BlockSize,
+        (positions, block_tiles, taps_per_step, subgroups, columns): BlockSize,
     ) -> std::result::Result<Self, String> {
         let t = tile as usize;
         let (rows, cols) = whole_blocks(tile, meta, positions)?;
-        let block_channels = channel_tiles as usize * t;
+        let block_channels = block_tiles as usize * t;
+        let row_subgroups = subgroups / columns;
+        if !block_tiles.is_multiple_of(columns) || !subgroups.is_multiple_of(columns) {
+            return Err(format!(
+                "{block_tiles} channel tiles or {subgroups} subgroups in {columns} columns"
+            ));
+        }
         if !meta.c_in.is_multiple_of(t) || !meta.c_out.is_multiple_of(block_channels) {
             return Err(format!(
                 "channels {} -> {} do not tile by {t} and {block_channels}",
@@ -214,16 +226,18 @@ impl HaloBlock {
             meta.c_in
         };
         let tiles = positions / t;
-        if !tiles.is_multiple_of(subgroups as usize) {
-            return Err(format!("{positions} positions in {subgroups} subgroups"));
+        if !tiles.is_multiple_of(row_subgroups as usize) {
+            return Err(format!(
+                "{positions} positions in {row_subgroups} subgroups"
+            ));
         }
         let block = Self {
             tile,
             rows: rows as u32,
             cols: cols as u32,
-            position_tiles: (tiles / subgroups as usize) as u32,
-            subgroups,
-            channel_tiles,
+            position_tiles: (tiles / row_subgroups as usize) as u32,
+            subgroups: [row_subgroups, columns],
+            channel_tiles: block_tiles / columns,
             taps_per_step,
             halo: [chunk, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             tap_rows: taps_per_step * chunk as u32,
@@ -239,7 +253,7 @@ impl HaloBlock {
 
     /// Output channels per block.
     fn channels(&self) -> usize {
-        (self.channel_tiles * self.tile) as usize
+        (self.subgroups[1] * self.channel_tiles * self.tile) as usize
     }
 
     /// The halo and one step's taps, each padded by 8 halves per row.
@@ -261,8 +275,8 @@ impl HaloBlock {
         [
             ("T", self.tile),
             ("SUBGROUP", subgroup),
-            ("SG_M", self.subgroups),
-            ("SG_N", 1),
+            ("SG_M", self.subgroups[0]),
+            ("SG_N", self.subgroups[1]),
             ("PT", self.position_tiles),
             ("CT", self.channel_tiles),
             ("BH", self.rows),
@@ -344,7 +358,7 @@ pub(crate) mod tests {
             cols: 32,
             position_tiles: 2,
             channel_tiles: 2,
-            subgroups: 4,
+            subgroups: [4, 1],
             taps_per_step: 3,
             halo: [32, 6, 34],
             tap_rows: 96,
@@ -388,17 +402,17 @@ pub(crate) mod tests {
         let caps = caps();
         let conv2 = meta([256, 32, 32, 32], 32);
         let block = HaloBlock::fit(16, &conv2, &caps).unwrap();
-        assert_eq!((block.rows, block.cols, block.position_tiles), (4, 32, 1));
-        assert_eq!(block.subgroups, 8);
-        // 6 x 34 pixels of 40 halves, 3 x 32 tap rows of 40 halves.
-        assert_eq!(block.workgroup_bytes(), (6 * 34 * 40 + 96 * 40) * 2);
-        assert_eq!(block.grid(&conv2), [256 * 8, 1, 1]);
+        assert_eq!((block.rows, block.cols, block.position_tiles), (8, 32, 2));
+        assert_eq!((block.subgroups, block.channel_tiles), ([8, 2], 1));
+        // 10 x 34 pixels of 40 halves, 3 x 32 tap rows of 40 halves.
+        assert_eq!(block.workgroup_bytes(), (10 * 34 * 40 + 96 * 40) * 2);
+        assert_eq!(block.grid(&conv2), [256 * 4, 1, 1]);
         // 32 -> 64 at 16 x 16: the first rule block, a whole image by 64
         // channels: 18 x 18 pixels of 40 halves, 3 x 32 tap rows of 72.
         let conv3 = meta([256, 16, 16, 32], 64);
         let block = HaloBlock::fit(16, &conv3, &caps).unwrap();
-        assert_eq!((block.rows, block.cols, block.subgroups), (16, 16, 16));
-        assert_eq!((block.position_tiles, block.channel_tiles), (1, 4));
+        assert_eq!((block.rows, block.cols, block.subgroups), (16, 16, [4, 4]));
+        assert_eq!((block.position_tiles, block.channel_tiles), (4, 1));
         assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
         assert_eq!(block.grid(&conv3), [256, 1, 1]);
         // 64 -> 64 stages 32 input channels at a time: the same sizes.
@@ -406,7 +420,7 @@ pub(crate) mod tests {
         let block = HaloBlock::fit(16, &conv4, &caps).unwrap();
         assert_eq!(block.halo, [32, 18, 18]);
         assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
-        // Where the adapter has less workgroup memory, the second rule block.
+        // Where the adapter has less workgroup memory, the last rule block.
         let mut small = caps.clone();
         small.limits.max_compute_workgroup_storage_size = 32 * 1024;
         let block = HaloBlock::fit(16, &conv4, &small).unwrap();
