@@ -125,13 +125,20 @@ fn cases() -> Vec<Case> {
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
         // 16 x 16 outputs by 64 channels: the forward's first rule block, a
-        // whole image by 4 channel tiles over 4 x 4 subgroups (8 position
+        // whole image by 4 channel tiles over 8 x 2 subgroups (4 position
         // tiles each at tile 8; 16 channels in keep it within lavapipe's 32
         // KiB).
         Case {
             name: "3x3 same, whole-image halo kernel",
             input: [1, 16, 16, 16],
             params: p(64, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
+        // 20 wide, no multiple of the tile: blocks of whole rows whose last
+        // tile overlaps the one before it (columns 12 and 4 at tiles 8 and 16).
+        Case {
+            name: "3x3 same, 20 wide, halo kernel with overlapping last tiles",
+            input: [1, 8, 20, 16],
+            params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
         Case {
             name: "3x5 explicit, halo kernel",
@@ -233,9 +240,16 @@ test_device!(
                     let summary = plans.summary();
                     let whole = summary.iter().any(|(_, _, plan)| {
                         plan.halo
-                            .is_some_and(|b| (b.rows, b.cols, b.subgroups) == (16, 16, [4, 4]))
+                            .is_some_and(|b| (b.rows, b.cols, b.subgroups) == (16, 16, [8, 2]))
                     });
                     assert!(whole, "forward {ctx}: not the whole-image halo block");
+                }
+                if case.name.contains("overlapping") && variant.starts_with("coop") {
+                    let summary = plans.summary();
+                    let overlapping = summary
+                        .iter()
+                        .any(|(_, _, plan)| plan.halo.is_some_and(|b| b.tiles_w * b.tile > b.cols));
+                    assert!(overlapping, "forward {ctx}: no overlapping tiles");
                 }
                 let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);
                 assert!(err <= bound, "forward {ctx}: error {err:e} > {bound:e}");

@@ -8,11 +8,12 @@
 // once per tap, R * S times), and the whole reduction needs 2 barriers per
 // step of TPS taps instead of 2 per staged step of the GEMM core.
 //
-// A workgroup computes BH x BW output positions (whole T-wide runs of one
-// image's rows) by BN output channels. Per chunk of HALO_C input channels it
-// stages the halo, (BH + R - 1) x (BW + S - 1) pixels of the chunk's channels
-// (zeros in the padding); then per step of TPS filter taps the TPS * HALO_C
-// x BN slice of the weights ("taps").
+// A workgroup computes BH x BW output positions by BN output channels: whole
+// T-wide runs of one image's rows, or, where the width is no multiple of T,
+// whole rows of TILES_W tiles, the last overlapping the one before it. Per
+// chunk of HALO_C input channels it stages the halo, (BH + R - 1) x
+// (BW + S - 1) pixels of the chunk's channels (zeros in the padding); then per
+// step of TPS filter taps the TPS * HALO_C x BN slice of the weights ("taps").
 // SG_M x SG_N subgroups each own PT position tiles by CT channel tiles; the
 // accumulators start from the bias and go straight into y (the host only
 // picks this kernel where every block lies inside the output). Staged pixels
@@ -23,11 +24,12 @@
 // MMAs, as in the GEMM core.
 //
 // Written in by the host (src/conv/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
-// BH, BW, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H, HALO_W and
-// TAP_ROWS (= TPS * HALO_C), and the pieces marked `// generated:` (declaring,
-// multiplying and storing the PT x CT accumulators, which WGSL cannot hold in
-// an indexable array). The operand readers `x_run` / `w_run` come from the conv kernel
-// (src/conv/common.rs), reading x as f16 or, converting, as f32.
+// BH, BW, TILES_W, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H,
+// HALO_W and TAP_ROWS (= TPS * HALO_C), and the pieces marked `// generated:`
+// (declaring, multiplying and storing the PT x CT accumulators, which WGSL
+// cannot hold in an indexable array). The operand readers `x_run` / `w_run`
+// come from the conv kernel (src/conv/common.rs), reading x as f16 or,
+// converting, as f32.
 
 const BN: u32 = SG_N * CT * T;
 const THREADS: u32 = SG_M * SG_N * SUBGROUP;
@@ -112,7 +114,8 @@ fn main(
     let iw0 = i32(ow0) - i32(PAD_LEFT);
     // This subgroup's corner: position tiles from sg_m * PT, channel tiles
     // from sg_n * CT. Position tile p covers T outputs of block row
-    // p / (BW / T), from block column (p % (BW / T)) * T.
+    // p / TILES_W, from block column (p % TILES_W) * T, or BW - T for a last
+    // tile that would leave the row.
     let sg_m = sg / SG_N;
     let sub_col = col0 + (sg % SG_N) * CT * T;
     // generated: tile origins br_i, bc_i and accumulators acc_i_j

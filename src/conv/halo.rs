@@ -18,22 +18,24 @@ pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 
 /// The blocks the rule tries, in order: (output positions, output-channel
 /// tiles, subgroups, columns of subgroups splitting the channel tiles). Swept
-/// on the H200 (docs/perf-notes.md, entries 53, 55 and 56): a whole 16 x 16
-/// image by 4 channel tiles over 4 x 4 subgroups (39 KiB) took the 32 -> 64
-/// and 64 -> 64 forwards 20% and 29% below 128 x 2 tiles over 8 x 1 subgroups
-/// (24 KiB, 25% below the GEMM core on the 32 -> 32 conv, where 256 x 2 tiles
-/// over 8 x 2 subgroups now run, 35 KiB, 4% faster). The last is for adapters
-/// with less workgroup memory.
-const RULE_BLOCKS: [(usize, u32, u32, u32); 3] = [(256, 4, 16, 4), (256, 2, 16, 2), (128, 2, 8, 1)];
+/// on the H200 (docs/perf-notes.md, entries 53, 55 and 56): 256 positions by 4
+/// channel tiles over 8 x 2 subgroups took the v1 model's 32 -> 64 and
+/// 64 -> 64 forwards 20% and 29% below 128 x 2 tiles over 8 x 1 subgroups, and
+/// the large bench shape (56 x 56 x 64 -> 64) 50% above the GEMM core's
+/// TFLOP/s. 256 x 2 tiles over 8 x 2 subgroups is for outputs of 2 tiles (4%
+/// faster than 128 x 2 on the v1 32 -> 32 conv), 128 x 2 over 8 x 1 for
+/// adapters with less workgroup memory.
+const RULE_BLOCKS: [(usize, u32, u32, u32); 3] = [(256, 4, 16, 2), (256, 2, 16, 2), (128, 2, 8, 1)];
 /// Input channels a block stages at a time where the input has more.
 const CHANNEL_CHUNK: usize = 32;
 /// Filter taps one step stages, where the filter has that many; else one
 /// filter row.
 const TAPS: usize = 3;
-/// Workgroup memory the rule allows a block: the larger rule block of a 16 x
-/// 16 image. (A block staging all 64 input channels of the 64 -> 64 conv at
-/// once, 41 KiB at 128 x 2 tiles, only drew level with the GEMM core.)
-const RULE_BYTES: usize = 40 * 1024;
+/// Workgroup memory the rule allows a block: the first rule block over 4
+/// rows of a 56-wide output takes 41 KiB. (A block staging all 64 input
+/// channels of the 64 -> 64 conv at once, 41 KiB at 128 x 2 tiles, only drew
+/// level with the GEMM core.)
+const RULE_BYTES: usize = 42 * 1024;
 
 /// A block's size: output positions, channel tiles, taps per step,
 /// subgroups, columns of subgroups.
@@ -78,6 +80,49 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
     }
 }
 
+/// `Ok` for a stride-1, undilated conv, the only kind a halo kernel reads.
+fn unit_stride(meta: &ConvShapeMeta) -> std::result::Result<(), String> {
+    if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
+        return Err("stride or dilation above 1".into());
+    }
+    Ok(())
+}
+
+/// The `(rows, cols, tiles along a row)` of the forward's block of at most
+/// `positions` output positions at `tile`, its tiles split evenly over
+/// `row_subgroups`. Where the output's width is a multiple of the tile, the
+/// runs of [`whole_blocks`]; else (outputs wider than a tile) whole output
+/// rows, whose last tile overlaps the one before it: the two compute the
+/// overlapped outputs alike and both store them, so no store leaves the row
+/// and none needs a predicate (naga wants matrix stores in uniform control
+/// flow).
+fn forward_blocks(
+    tile: u32,
+    meta: &ConvShapeMeta,
+    positions: usize,
+    row_subgroups: usize,
+) -> std::result::Result<(usize, usize, usize), String> {
+    let t = tile as usize;
+    if meta.w_out.is_multiple_of(t) {
+        let (rows, cols) = whole_blocks(tile, meta, positions)?;
+        return Ok((rows, cols, cols / t));
+    }
+    unit_stride(meta)?;
+    let tiles_w = meta.w_out.div_ceil(t);
+    let rows = (1..=meta.h_out).rev().find(|&rows| {
+        meta.h_out.is_multiple_of(rows)
+            && rows * tiles_w * t <= positions
+            && (rows * tiles_w).is_multiple_of(row_subgroups)
+    });
+    match rows {
+        Some(rows) if meta.w_out > t => Ok((rows, meta.w_out, tiles_w)),
+        _ => Err(format!(
+            "output {}x{} in no blocks of whole rows of {positions} positions",
+            meta.h_out, meta.w_out
+        )),
+    }
+}
+
 /// The `(rows, cols)` of a halo kernel's block of about `positions` output
 /// positions at `tile`: runs of 2 tiles along a row where the output's width
 /// allows, else of 1; or why the shape takes no halo kernel (stride or
@@ -88,9 +133,7 @@ pub(crate) fn whole_blocks(
     positions: usize,
 ) -> std::result::Result<(usize, usize), String> {
     let t = tile as usize;
-    if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
-        return Err("stride or dilation above 1".into());
-    }
+    unit_stride(meta)?;
     let cols = if meta.w_out.is_multiple_of(2 * t) {
         2 * t
     } else {
@@ -156,6 +199,9 @@ pub struct HaloBlock {
     pub tile: u32,
     pub rows: u32,
     pub cols: u32,
+    /// Position tiles along a block row: `cols / tile`, or one more where the
+    /// last tile overlaps the one before it.
+    pub tiles_w: u32,
     pub position_tiles: u32,
     pub channel_tiles: u32,
     /// Subgroups along the positions, along the channels.
@@ -198,7 +244,6 @@ impl HaloBlock {
         (positions, block_tiles, taps_per_step, subgroups, columns): BlockSize,
     ) -> std::result::Result<Self, String> {
         let t = tile as usize;
-        let (rows, cols) = whole_blocks(tile, meta, positions)?;
         let block_channels = block_tiles as usize * t;
         let row_subgroups = subgroups / columns;
         if !block_tiles.is_multiple_of(columns) || !subgroups.is_multiple_of(columns) {
@@ -206,6 +251,7 @@ impl HaloBlock {
                 "{block_tiles} channel tiles or {subgroups} subgroups in {columns} columns"
             ));
         }
+        let (rows, cols, tiles_w) = forward_blocks(tile, meta, positions, row_subgroups as usize)?;
         if !meta.c_in.is_multiple_of(t) || !meta.c_out.is_multiple_of(block_channels) {
             return Err(format!(
                 "channels {} -> {} do not tile by {t} and {block_channels}",
@@ -225,7 +271,7 @@ impl HaloBlock {
         } else {
             meta.c_in
         };
-        let tiles = positions / t;
+        let tiles = rows * tiles_w;
         if !tiles.is_multiple_of(row_subgroups as usize) {
             return Err(format!(
                 "{positions} positions in {row_subgroups} subgroups"
@@ -235,6 +281,7 @@ impl HaloBlock {
             tile,
             rows: rows as u32,
             cols: cols as u32,
+            tiles_w: tiles_w as u32,
             position_tiles: (tiles / row_subgroups as usize) as u32,
             subgroups: [row_subgroups, columns],
             channel_tiles: block_tiles / columns,
@@ -270,7 +317,7 @@ impl HaloBlock {
 
     /// The constants forward_halo.wgsl expects, for `subgroup` invocations per
     /// subgroup.
-    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 13] {
+    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 14] {
         let [c_in, halo_h, halo_w] = self.halo;
         [
             ("T", self.tile),
@@ -281,6 +328,7 @@ impl HaloBlock {
             ("CT", self.channel_tiles),
             ("BH", self.rows),
             ("BW", self.cols),
+            ("TILES_W", self.tiles_w),
             ("TPS", self.taps_per_step),
             ("HALO_C", c_in),
             ("HALO_H", halo_h),
@@ -299,8 +347,8 @@ impl HaloBlock {
         let mut decls = String::new();
         for i in 0..pt {
             decls += &format!(
-                "    let br_{i} = (sg_m * PT + {i}u) / (BW / T);
-    let bc_{i} = ((sg_m * PT + {i}u) % (BW / T)) * T;
+                "    let br_{i} = (sg_m * PT + {i}u) / TILES_W;
+    let bc_{i} = min(((sg_m * PT + {i}u) % TILES_W) * T, BW - T);
 "
             );
         }
@@ -356,6 +404,7 @@ pub(crate) mod tests {
             tile: 16,
             rows: 4,
             cols: 32,
+            tiles_w: 2,
             position_tiles: 2,
             channel_tiles: 2,
             subgroups: [4, 1],
@@ -411,8 +460,8 @@ pub(crate) mod tests {
         // channels: 18 x 18 pixels of 40 halves, 3 x 32 tap rows of 72.
         let conv3 = meta([256, 16, 16, 32], 64);
         let block = HaloBlock::fit(16, &conv3, &caps).unwrap();
-        assert_eq!((block.rows, block.cols, block.subgroups), (16, 16, [4, 4]));
-        assert_eq!((block.position_tiles, block.channel_tiles), (4, 1));
+        assert_eq!((block.rows, block.cols, block.subgroups), (16, 16, [8, 2]));
+        assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
         assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
         assert_eq!(block.grid(&conv3), [256, 1, 1]);
         // 64 -> 64 stages 32 input channels at a time: the same sizes.
@@ -426,7 +475,14 @@ pub(crate) mod tests {
         let block = HaloBlock::fit(16, &conv4, &small).unwrap();
         assert_eq!((block.rows, block.cols, block.channel_tiles), (8, 16, 2));
         assert_eq!(block.workgroup_bytes(), (10 * 18 * 40 + 96 * 40) * 2);
-        // 8 x 8 outputs are no whole 16-wide runs; stride 2 has no halo.
+        // The large bench shape, 56 wide: 4 whole rows a block, tiles from
+        // columns 0, 16, 32 and 40; 6 x 58 pixels of 40 halves.
+        let large = meta([256, 56, 56, 64], 64);
+        let block = HaloBlock::fit(16, &large, &caps).unwrap();
+        assert_eq!((block.rows, block.cols, block.tiles_w), (4, 56, 4));
+        assert_eq!(block.workgroup_bytes(), (6 * 58 * 40 + 96 * 72) * 2);
+        assert_eq!(block.grid(&large), [256 * 14, 1, 1]);
+        // 8 x 8 outputs are narrower than a tile; stride 2 has no halo.
         let conv5 = meta([256, 8, 8, 64], 128);
         assert!(HaloBlock::fit(16, &conv5, &caps).is_err());
         let strided = ConvParams {
