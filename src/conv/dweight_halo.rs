@@ -221,5 +221,9 @@ mod tests {
         // 3 input channels are no chunk; 8 x 8 outputs no whole blocks.
         assert!(DWeightHalo::fit(16, &meta([256, 32, 32, 3], 32), &caps, 132).is_err());
         assert!(DWeightHalo::fit(16, &meta([256, 8, 8, 64], 128), &caps, 132).is_err());
+        // A 1x1 conv shares no taps (the 4096^3 GEMM of the conv bench).
+        let pointwise = ConvParams::new(4096, 1, Padding::Same);
+        let pointwise = ConvShapeMeta::new([1, 64, 64, 4096], &pointwise).unwrap();
+        assert!(DWeightHalo::fit(16, &pointwise, &caps, 132).is_err());
     }
 }

@@ -80,10 +80,16 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
     }
 }
 
-/// `Ok` for a stride-1, undilated conv, the only kind a halo kernel reads.
-fn unit_stride(meta: &ConvShapeMeta) -> std::result::Result<(), String> {
+/// `Ok` for a stride-1, undilated conv with more than one filter tap: the
+/// kind a halo kernel reads. A 1x1 conv has no taps to share a staged input:
+/// in run E5 the halo kernels took the 4096^3 GEMM (a 1x1 conv) from the GEMM
+/// core's 76 to 64 TFLOP/s forward, and to 19 for dweight.
+fn shares_taps(meta: &ConvShapeMeta) -> std::result::Result<(), String> {
     if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
         return Err("stride or dilation above 1".into());
+    }
+    if meta.r * meta.s == 1 {
+        return Err("a 1x1 filter".into());
     }
     Ok(())
 }
@@ -107,7 +113,7 @@ fn forward_blocks(
         let (rows, cols) = whole_blocks(tile, meta, positions)?;
         return Ok((rows, cols, cols / t));
     }
-    unit_stride(meta)?;
+    shares_taps(meta)?;
     let tiles_w = meta.w_out.div_ceil(t);
     let rows = (1..=meta.h_out).rev().find(|&rows| {
         meta.h_out.is_multiple_of(rows)
@@ -126,14 +132,14 @@ fn forward_blocks(
 /// The `(rows, cols)` of a halo kernel's block of about `positions` output
 /// positions at `tile`: runs of 2 tiles along a row where the output's width
 /// allows, else of 1; or why the shape takes no halo kernel (stride or
-/// dilation, or no whole blocks).
+/// dilation, a 1x1 filter, or no whole blocks).
 pub(crate) fn whole_blocks(
     tile: u32,
     meta: &ConvShapeMeta,
     positions: usize,
 ) -> std::result::Result<(usize, usize), String> {
     let t = tile as usize;
-    unit_stride(meta)?;
+    shares_taps(meta)?;
     let cols = if meta.w_out.is_multiple_of(2 * t) {
         2 * t
     } else {
@@ -482,6 +488,9 @@ pub(crate) mod tests {
         assert_eq!((block.rows, block.cols, block.tiles_w), (4, 56, 4));
         assert_eq!(block.workgroup_bytes(), (6 * 58 * 40 + 96 * 72) * 2);
         assert_eq!(block.grid(&large), [256 * 14, 1, 1]);
+        // A 1x1 conv shares no taps: the GEMM core runs it.
+        let pointwise = ConvShapeMeta::new([1, 64, 64, 64], &ConvParams::new(64, 1, Padding::Same));
+        assert!(HaloBlock::fit(16, &pointwise.unwrap(), &caps).is_err());
         // 8 x 8 outputs are narrower than a tile; stride 2 has no halo.
         let conv5 = meta([256, 8, 8, 64], 128);
         assert!(HaloBlock::fit(16, &conv5, &caps).is_err());
