@@ -13,11 +13,11 @@
 // multiplies a tile of ones by dy, so every row of its tiles is a dbias sum.
 // Per block: stage the halo (BH + R - 1) x (BW + S - 1) pixels of CB channels
 // and the BH * BW x CB dy block, barrier, multiply, barrier; the next block's
-// halo and dy are fetched into registers while this one multiplies. Partial sums go
-// to [z][K + BIAS_ROWS][C_OUT]: rows of dW as the GEMM core writes them, then
-// the dbias subgroups' tiles, 2 tiles of rows per input-channel chunk (every
-// matrix store is unconditional: naga wants them in uniform control flow), of
-// which dweight_reduce.wgsl reads row K.
+// halo and dy are fetched into registers while this one multiplies. Partial
+// sums go to [z][K + BIAS_ROWS][C_OUT]: rows of dW as the GEMM core writes
+// them, then the dbias subgroups' tiles, 2 tiles of rows per input-channel
+// chunk (every matrix store is unconditional: naga wants them in uniform
+// control flow), of which dweight_reduce.wgsl reads row K.
 //
 // Written in by the host (src/conv/halo.rs): T, SUBGROUP, BH, BW, HALO_H,
 // HALO_W, TAPS (= R * S), BIAS_ROWS, and the pieces marked `// generated:`.

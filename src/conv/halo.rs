@@ -18,9 +18,9 @@ pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 
 /// The blocks the rule tries, in order: (output positions, output-channel
 /// tiles, subgroups, columns of subgroups splitting the channel tiles). Swept
-/// on the H200 (docs/perf-notes.md, entries 53, 55 and 56): 256 positions by 4
-/// channel tiles over 8 x 2 subgroups took the v1 model's 32 -> 64 and
-/// 64 -> 64 forwards 20% and 29% below 128 x 2 tiles over 8 x 1 subgroups, and
+/// on the H200 (docs/perf-notes.md, entries 53, 55, 57 and 58): 256 positions
+/// by 4 channel tiles over 8 x 2 subgroups took the v1 model's 32 -> 64 and
+/// 64 -> 64 forwards 19% and 22% below 128 x 2 tiles over 8 x 1 subgroups, and
 /// the large bench shape (56 x 56 x 64 -> 64) 50% above the GEMM core's
 /// TFLOP/s. 256 x 2 tiles over 8 x 2 subgroups is for outputs of 2 tiles (4%
 /// faster than 128 x 2 on the v1 32 -> 32 conv), 128 x 2 over 8 x 1 for
@@ -194,7 +194,7 @@ pub(crate) fn runs_subgroups(
 }
 
 /// One workgroup's share of the forward: `rows x cols` output positions of
-/// one image (`cols` a multiple of the tile) by the output channels of
+/// one image (`tiles_w` tiles a row) by the output channels of
 /// `subgroups[1]` columns of `channel_tiles` tiles, over `subgroups[0] x
 /// subgroups[1]` subgroups of `position_tiles x channel_tiles` tiles; with the
 /// staged sizes that follow from the filter (written into the WGSL: naga
@@ -240,9 +240,9 @@ impl HaloBlock {
     }
 
     /// The block of `size` for `meta` at `tile`, or why it does not fit:
-    /// stride 1 and no dilation, whole blocks (so every tile goes straight
-    /// into the output), channel counts that tile, and workgroup memory and
-    /// invocations within the adapter's limits.
+    /// stride 1, no dilation and a filter over 1x1, whole blocks or rows (so
+    /// every tile goes straight into the output), channel counts that tile,
+    /// and workgroup memory and invocations within the adapter's limits.
     fn fit_size(
         tile: u32,
         meta: &ConvShapeMeta,
