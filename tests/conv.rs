@@ -246,9 +246,9 @@ test_device!(
                 }
                 if case.name.contains("overlapping") && variant.starts_with("coop") {
                     let summary = plans.summary();
-                    let overlapping = summary
-                        .iter()
-                        .any(|(_, _, plan)| plan.halo.is_some_and(|b| b.tiles_w * b.tile > b.cols));
+                    let overlapping = summary.iter().any(|(_, _, plan)| {
+                        plan.halo.is_some_and(|b| b.tiles_w() * b.tile > b.cols)
+                    });
                     assert!(overlapping, "forward {ctx}: no overlapping tiles");
                 }
                 let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);

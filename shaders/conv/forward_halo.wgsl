@@ -119,8 +119,8 @@ fn main(
     let sg_m = sg / SG_N;
     let sub_col = col0 + (sg % SG_N) * CT * T;
     // generated: tile origins br_i, bc_i and accumulators acc_i_j
-    // Step i stages filter taps (i % STEPS) * TPS.. of input channels
-    // (i / STEPS) * HALO_C.., the halo too where those channels start.
+    // Step i stages filter taps (i % steps) * TPS.. of input channels
+    // (i / steps) * HALO_C.., the halo too where those channels start.
     let steps = R * S / TPS;
     let all_steps = C_IN / HALO_C * steps;
     var halo_regs: array<Run, HALO_SLOTS>;

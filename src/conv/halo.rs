@@ -94,7 +94,7 @@ fn shares_taps(meta: &ConvShapeMeta) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The `(rows, cols, tiles along a row)` of the forward's block of at most
+/// The `(rows, cols)` of the forward's block of at most
 /// `positions` output positions at `tile`, its tiles split evenly over
 /// `row_subgroups`. Where the output's width is a multiple of the tile, the
 /// runs of [`whole_blocks`]; else (outputs wider than a tile) whole output
@@ -107,26 +107,28 @@ fn forward_blocks(
     meta: &ConvShapeMeta,
     positions: usize,
     row_subgroups: usize,
-) -> std::result::Result<(usize, usize, usize), String> {
+) -> std::result::Result<(usize, usize), String> {
     let t = tile as usize;
     if meta.w_out.is_multiple_of(t) {
-        let (rows, cols) = whole_blocks(tile, meta, positions)?;
-        return Ok((rows, cols, cols / t));
+        return whole_blocks(tile, meta, positions);
     }
     shares_taps(meta)?;
+    if meta.w_out < t {
+        return Err(format!("output {} wide, under a tile", meta.w_out));
+    }
     let tiles_w = meta.w_out.div_ceil(t);
     let rows = (1..=meta.h_out).rev().find(|&rows| {
         meta.h_out.is_multiple_of(rows)
             && rows * tiles_w * t <= positions
             && (rows * tiles_w).is_multiple_of(row_subgroups)
     });
-    match rows {
-        Some(rows) if meta.w_out > t => Ok((rows, meta.w_out, tiles_w)),
-        _ => Err(format!(
+    let rows = rows.ok_or_else(|| {
+        format!(
             "output {}x{} in no blocks of whole rows of {positions} positions",
             meta.h_out, meta.w_out
-        )),
-    }
+        )
+    })?;
+    Ok((rows, meta.w_out))
 }
 
 /// The `(rows, cols)` of a halo kernel's block of about `positions` output
@@ -194,7 +196,7 @@ pub(crate) fn runs_subgroups(
 }
 
 /// One workgroup's share of the forward: `rows x cols` output positions of
-/// one image (`tiles_w` tiles a row) by the output channels of
+/// one image ([`HaloBlock::tiles_w`] tiles a row) by the output channels of
 /// `subgroups[1]` columns of `channel_tiles` tiles, over `subgroups[0] x
 /// subgroups[1]` subgroups of `position_tiles x channel_tiles` tiles; with the
 /// staged sizes that follow from the filter (written into the WGSL: naga
@@ -205,9 +207,6 @@ pub struct HaloBlock {
     pub tile: u32,
     pub rows: u32,
     pub cols: u32,
-    /// Position tiles along a block row: `cols / tile`, or one more where the
-    /// last tile overlaps the one before it.
-    pub tiles_w: u32,
     pub position_tiles: u32,
     pub channel_tiles: u32,
     /// Subgroups along the positions, along the channels.
@@ -257,7 +256,7 @@ impl HaloBlock {
                 "{block_tiles} channel tiles or {subgroups} subgroups in {columns} columns"
             ));
         }
-        let (rows, cols, tiles_w) = forward_blocks(tile, meta, positions, row_subgroups as usize)?;
+        let (rows, cols) = forward_blocks(tile, meta, positions, row_subgroups as usize)?;
         if !meta.c_in.is_multiple_of(t) || !meta.c_out.is_multiple_of(block_channels) {
             return Err(format!(
                 "channels {} -> {} do not tile by {t} and {block_channels}",
@@ -277,7 +276,7 @@ impl HaloBlock {
         } else {
             meta.c_in
         };
-        let tiles = rows * tiles_w;
+        let tiles = rows * cols.div_ceil(t);
         if !tiles.is_multiple_of(row_subgroups as usize) {
             return Err(format!(
                 "{positions} positions in {row_subgroups} subgroups"
@@ -287,7 +286,6 @@ impl HaloBlock {
             tile,
             rows: rows as u32,
             cols: cols as u32,
-            tiles_w: tiles_w as u32,
             position_tiles: (tiles / row_subgroups as usize) as u32,
             subgroups: [row_subgroups, columns],
             channel_tiles: block_tiles / columns,
@@ -302,6 +300,12 @@ impl HaloBlock {
             return Err(format!("{blocks} blocks"));
         }
         Ok(block)
+    }
+
+    /// Position tiles along a block row: `cols / tile`, or one more where the
+    /// last tile overlaps the one before it.
+    pub fn tiles_w(&self) -> u32 {
+        self.cols.div_ceil(self.tile)
     }
 
     /// Output channels per block.
@@ -334,7 +338,7 @@ impl HaloBlock {
             ("CT", self.channel_tiles),
             ("BH", self.rows),
             ("BW", self.cols),
-            ("TILES_W", self.tiles_w),
+            ("TILES_W", self.tiles_w()),
             ("TPS", self.taps_per_step),
             ("HALO_C", c_in),
             ("HALO_H", halo_h),
@@ -410,7 +414,6 @@ pub(crate) mod tests {
             tile: 16,
             rows: 4,
             cols: 32,
-            tiles_w: 2,
             position_tiles: 2,
             channel_tiles: 2,
             subgroups: [4, 1],
@@ -485,7 +488,7 @@ pub(crate) mod tests {
         // columns 0, 16, 32 and 40; 6 x 58 pixels of 40 halves.
         let large = meta([256, 56, 56, 64], 64);
         let block = HaloBlock::fit(16, &large, &caps).unwrap();
-        assert_eq!((block.rows, block.cols, block.tiles_w), (4, 56, 4));
+        assert_eq!((block.rows, block.cols, block.tiles_w()), (4, 56, 4));
         assert_eq!(block.workgroup_bytes(), (6 * 58 * 40 + 96 * 72) * 2);
         assert_eq!(block.grid(&large), [256 * 14, 1, 1]);
         // A 1x1 conv shares no taps: the GEMM core runs it.
