@@ -82,8 +82,9 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
 
 /// `Ok` for a stride-1, undilated conv with more than one filter tap: the
 /// kind a halo kernel reads. A 1x1 conv has no taps to share a staged input:
-/// in run E5 the halo kernels took the 4096^3 GEMM (a 1x1 conv) from the GEMM
-/// core's 76 to 64 TFLOP/s forward, and to 19 for dweight.
+/// on the 4096^3 GEMM (a 1x1 conv) the forward's halo kernel ran at 64 TFLOP/s
+/// against the GEMM core's 76 (run E5), dweight's at 19 against 65 (runs E5
+/// and F5).
 fn shares_taps(meta: &ConvShapeMeta) -> std::result::Result<(), String> {
     if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
         return Err("stride or dilation above 1".into());
