@@ -4,16 +4,17 @@
 //! explicit padding, dilation, C_in = 3, channels not a multiple of the tile,
 //! M ending mid-tile, batch 1 and 7, and channel counts divisible by 8 (the
 //! coop core's run loads) on every operand, on the input only, on dy only,
-//! and a shape whose blocks lie wholly inside C (stored straight from the
-//! coop core's accumulators).
+//! a shape whose blocks lie wholly inside C (stored straight from the
+//! coop core's accumulators), and stride-1 shapes that the halo kernels of
+//! each direction must run on the coop variants.
 //!
 //! Bounds (norm-relative): f32 operands 1e-5; f16 operands 5e-3.
 
 mod common;
 
 use aether::conv::{
-    ConvDirection, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, conv2d_dinput,
-    conv2d_dweight, conv2d_forward,
+    ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
+    conv2d_dinput, conv2d_dweight, conv2d_forward,
 };
 use aether::{Device, Tensor};
 use common::conv_reference::{self as reference, norm_rel_error};
@@ -36,6 +37,19 @@ fn cases() -> Vec<Case> {
         padding,
         dilation,
     };
+    // A 3x5 filter, 32 channels out, padded asymmetrically.
+    let explicit_3x5 = p(
+        32,
+        (3, 5),
+        (1, 1),
+        Padding::Explicit {
+            top: 2,
+            bottom: 0,
+            left: 1,
+            right: 3,
+        },
+        (1, 1),
+    );
     vec![
         Case {
             name: "1x1 same, batch 1",
@@ -112,15 +126,17 @@ fn cases() -> Vec<Case> {
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
         // 32 channels in: dweight's halo kernel too (2 tiles of channels a
-        // chunk at tile 16, two chunks at tile 8).
+        // chunk at tile 16, two chunks at tile 8), and dinput's (the
+        // transposed conv, 32 -> 32, in the forward's halo kernel).
         Case {
-            name: "3x3 same, halo kernel and dweight halo kernel",
+            name: "3x3 same, halo kernels (forward, dweight, dinput)",
             input: [1, 8, 32, 32],
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
-        // 64 channels in: the forward's halo kernel stages them 32 at a time.
+        // 64 channels in: the forward's halo kernel stages them 32 at a time;
+        // dinput's writes them as 4 channel tiles (tile 16) in one block.
         Case {
-            name: "3x3 same, 64 channels in, halo kernel and dweight halo kernel",
+            name: "3x3 same, 64 channels in, halo kernels (forward, dweight, dinput)",
             input: [1, 8, 16, 64],
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
@@ -143,18 +159,20 @@ fn cases() -> Vec<Case> {
         Case {
             name: "3x5 explicit, halo kernel",
             input: [1, 8, 16, 16],
-            params: p(
-                32,
-                (3, 5),
-                (1, 1),
-                Padding::Explicit {
-                    top: 2,
-                    bottom: 0,
-                    left: 1,
-                    right: 3,
-                },
-                (1, 1),
-            ),
+            params: explicit_3x5,
+        },
+        // dinput's halo kernel at tiles 8 and 16 on a 3x5 filter with
+        // asymmetric padding (the transposed conv pads 0 / 2 / 3 / 1), and on
+        // a width of 20, where its last tiles overlap too.
+        Case {
+            name: "3x5 explicit, 32 channels, halo kernels (forward, dinput)",
+            input: [1, 8, 16, 32],
+            params: explicit_3x5,
+        },
+        Case {
+            name: "3x3 same, 20 wide, 32 channels, halo kernels (forward, dinput), overlapping",
+            input: [1, 8, 20, 32],
+            params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
         // Channel counts divisible by 8 switch the coop core to run loads.
         Case {
@@ -227,38 +245,40 @@ test_device!(
                 let wt = tensor(&meta.weight_dims(), &w, device);
                 let bt = tensor(&[meta.c_out], &b, device);
                 let dyt = tensor(&meta.output_dims(), &dy, device);
+                // Whether `direction` was planned with a kernel `uses` holds for:
+                // the halo cases must run the kernel they name on coop variants.
+                let coop = variant.starts_with("coop");
+                let ran = |direction: ConvDirection, uses: fn(&ConvLaunchPlan) -> bool| {
+                    let summary = plans.summary();
+                    summary
+                        .iter()
+                        .any(|(d, _, plan)| *d == direction && uses(plan))
+                };
+                let overlaps = |plan: &ConvLaunchPlan| {
+                    plan.halo.is_some_and(|b| b.tiles_w() * b.tile > b.cols)
+                };
                 let y = conv2d_forward(&xt, &wt, &bt, &case.params, &plans).unwrap();
                 assert_eq!(y.dims(), meta.output_dims());
-                if case.name.contains("halo kernel") && variant.starts_with("coop") {
-                    let summary = plans.summary();
-                    let halo = summary.iter().any(|(direction, _, plan)| {
-                        *direction == ConvDirection::Forward && plan.halo.is_some()
-                    });
+                if case.name.contains("halo kernel") && coop {
+                    let halo = ran(ConvDirection::Forward, |p| p.halo.is_some());
                     assert!(halo, "forward {ctx}: the halo kernel did not run");
                 }
-                if case.name.contains("whole-image halo") && variant.starts_with("coop") {
-                    let summary = plans.summary();
-                    let whole = summary.iter().any(|(_, _, plan)| {
-                        plan.halo
+                if case.name.contains("whole-image halo") && coop {
+                    let whole = ran(ConvDirection::Forward, |p| {
+                        p.halo
                             .is_some_and(|b| (b.rows, b.cols, b.subgroups) == (16, 16, [8, 2]))
                     });
                     assert!(whole, "forward {ctx}: not the whole-image halo block");
                 }
-                if case.name.contains("overlapping") && variant.starts_with("coop") {
-                    let summary = plans.summary();
-                    let overlapping = summary.iter().any(|(_, _, plan)| {
-                        plan.halo.is_some_and(|b| b.tiles_w() * b.tile > b.cols)
-                    });
+                if case.name.contains("overlapping") && coop {
+                    let overlapping = ran(ConvDirection::Forward, overlaps);
                     assert!(overlapping, "forward {ctx}: no overlapping tiles");
                 }
                 let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);
                 assert!(err <= bound, "forward {ctx}: error {err:e} > {bound:e}");
                 let (dw, db) = conv2d_dweight(&xt, &dyt, &case.params, &plans).unwrap();
-                if case.name.contains("dweight halo kernel") && variant.starts_with("coop") {
-                    let summary = plans.summary();
-                    let halo = summary.iter().any(|(direction, _, plan)| {
-                        *direction == ConvDirection::DWeight && plan.dweight_halo.is_some()
-                    });
+                if case.name.contains("dweight") && coop {
+                    let halo = ran(ConvDirection::DWeight, |p| p.dweight_halo.is_some());
                     assert!(halo, "dweight {ctx}: the halo kernel did not run");
                 }
                 let err = norm_rel_error(&dw.to_vec_f32().unwrap(), &want_dw);
@@ -266,6 +286,14 @@ test_device!(
                 let err = norm_rel_error(&db.to_vec_f32().unwrap(), &want_db);
                 assert!(err <= bound, "dbias {ctx}: error {err:e} > {bound:e}");
                 let dx = conv2d_dinput(&dyt, &wt, case.input, &case.params, &plans).unwrap();
+                if case.name.contains("dinput") && coop {
+                    let halo = ran(ConvDirection::DInput, |p| p.halo.is_some());
+                    assert!(halo, "dinput {ctx}: the halo kernel did not run");
+                }
+                if case.name.contains("dinput") && case.name.contains("overlapping") && coop {
+                    let overlapping = ran(ConvDirection::DInput, overlaps);
+                    assert!(overlapping, "dinput {ctx}: no overlapping tiles");
+                }
                 let err = norm_rel_error(&dx.to_vec_f32().unwrap(), &want_dx);
                 assert!(err <= bound, "dinput {ctx}: error {err:e} > {bound:e}");
             }

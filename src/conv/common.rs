@@ -543,7 +543,10 @@ impl ConvKernel {
                 parts.push(&readers);
                 parts.extend(self.parts);
                 core = match (plan.halo, plan.dweight_halo, plan.coop) {
-                    (Some(halo), _, _) => Cow::Owned(halo.core_source(FORWARD_HALO, subgroup)),
+                    (Some(halo), _, _) => {
+                        let bias = runs.direct_c.as_ref().and_then(|direct| direct.bias);
+                        Cow::Owned(halo.core_source(FORWARD_HALO, subgroup, bias))
+                    }
                     (None, Some(halo), _) => {
                         Cow::Owned(halo.core_source(DWEIGHT_HALO, subgroup, meta))
                     }

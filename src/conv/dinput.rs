@@ -1,6 +1,8 @@
 //! Input gradient: `dX` as a gather over the filter taps that reach each input
 //! position, one residue class of `(h + pad) mod stride` per dispatch slice. Every
-//! element of dX is written once: no atomics and no zero-fill.
+//! element of dX is written once: no atomics and no zero-fill. Stride-1 convs
+//! on the cooperative-matrix variant run the halo kernel (`dinput_halo`) where
+//! it fits.
 
 use rayon::prelude::*;
 
@@ -9,6 +11,7 @@ use super::common::{
     GEMM_RUN, GemmRuns, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first,
     same_device,
 };
+use super::dinput_halo::{self, with_dinput_halo};
 use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
 use crate::error::Result;
 use crate::tensor::{DType, Shape, Tensor};
@@ -58,7 +61,7 @@ pub fn conv2d_dinput(
         // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
         let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
         let classes = meta.stride_h * meta.stride_w;
-        plan_first(ctx, plans, &KERNEL, &meta, &[], |variant| {
+        let gemm = plan_first(ctx, plans, &KERNEL, &meta, &[], |variant| {
             accepts_operand(variant, w)?;
             ConvLaunchPlan::gemm(
                 ConvDirection::DInput,
@@ -66,14 +69,19 @@ pub fn conv2d_dinput(
                 variant,
                 [class_rows, meta.c_in, classes],
             )
-        })
+        })?;
+        Ok(with_dinput_halo(ctx, gemm, &meta))
     })?;
-    let pipeline = KERNEL
-        .pipeline(ctx, &plan, &meta)
-        .expect("planned variant compiled");
     let dy_op = gpu_operand("conv2d_dinput dvalues", dy, plan.variant, true)?;
     let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant, false)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims)?, DType::F32)?;
+    if plan.halo.is_some() {
+        dinput_halo::dispatch(ctx, &plan, &meta, &dy_op, &w_op, &dx)?;
+        return Ok(dx);
+    }
+    let pipeline = KERNEL
+        .pipeline(ctx, &plan, &meta)
+        .expect("planned variant compiled");
     ctx.dispatch(
         "conv_dinput",
         &pipeline,

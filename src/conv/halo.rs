@@ -349,8 +349,9 @@ impl HaloBlock {
     }
 
     /// The kernel's WGSL for this block: `template` with the constants and the
-    /// generated pieces filled in.
-    pub fn core_source(&self, template: &str, subgroup: u32) -> String {
+    /// generated pieces filled in; the accumulators start from the `bias`
+    /// binding where the kernel has one, else from zero.
+    pub fn core_source(&self, template: &str, subgroup: u32, bias: Option<&str>) -> String {
         let mat = format!("coop_mat{t}x{t}", t = self.tile);
         let pt = self.position_tiles;
         let ct = self.channel_tiles;
@@ -364,10 +365,13 @@ impl HaloBlock {
             );
         }
         for (i, j) in tiles() {
-            // Stride 0: every row of the tile starts as the same T biases.
-            decls += &format!(
-                "    var acc_{i}_{j} = coopLoadT<{mat}<f32, C>>(&bias[sub_col + {j}u * T], 0u);\n"
-            );
+            decls += &match bias {
+                // Stride 0: every row of the tile starts as the same T biases.
+                Some(bias) => format!(
+                    "    var acc_{i}_{j} = coopLoadT<{mat}<f32, C>>(&{bias}[sub_col + {j}u * T], 0u);\n"
+                ),
+                None => format!("    var acc_{i}_{j} = {mat}<f32, C>();\n"),
+            };
         }
         let mut step = String::new();
         for i in 0..pt {
@@ -422,7 +426,7 @@ pub(crate) mod tests {
             halo: [32, 6, 34],
             tap_rows: 96,
         };
-        let src = block.core_source(TEMPLATE, 32);
+        let src = block.core_source(TEMPLATE, 32, Some("bias"));
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
         assert!(!src.lines().any(marker), "a marker was left unreplaced");
         assert!(src.contains("acc_1_1 = coopMultiplyAdd(a_1, b_1, acc_1_1);"));

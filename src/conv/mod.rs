@@ -1,13 +1,14 @@
 //! The convolution package: geometry and planning (`common`), the three GEMM
 //! directions (`forward`, `dweight`, `dinput`), the coop GEMM's block geometry (`coop`),
-//! the halo kernels for stride-1 convs (`halo` for the forward, `dweight_halo`) and the fp16
-//! casts (`cast`).
+//! the halo kernels for stride-1 convs (`halo` for the forward, `dweight_halo`, `dinput_halo`)
+//! and the fp16 casts (`cast`).
 //! WGSL sources live in `shaders/conv/`.
 
 pub mod cast;
 pub mod common;
 pub mod coop;
 pub mod dinput;
+mod dinput_halo;
 pub mod dweight;
 pub mod dweight_halo;
 pub mod forward;

@@ -1,0 +1,159 @@
+//! dinput's halo kernel: for a stride-1, undilated conv, dX is the forward of
+//! the transposed conv, dy convolved with the filter flipped and its channels
+//! swapped. On the cooperative-matrix variant the forward's halo kernel
+//! (src/conv/halo.rs) runs that conv, its MMAs reading a staged tile of dy
+//! instead of the residue-class gather's per-tap staging. Its weight reader
+//! gathers the flipped filter from the conv's own (shaders/conv/dinput_halo.wgsl).
+
+use std::sync::Arc;
+
+use super::common::{
+    ConvKernel, ConvLaunchPlan, ConvParams, ConvShapeMeta, GEMM_RUN, GemmRuns, IM2COL, Padding, buf,
+};
+use crate::error::Result;
+use crate::gpu::GpuContext;
+use crate::tensor::Tensor;
+
+/// Environment variable for comparison runs: `0` turns dinput's halo kernel
+/// off (the residue-class GEMM runs). Its blocks follow the forward's rule
+/// (and `AETHER_FORWARD_HALO`, which pins them).
+pub const DINPUT_HALO_ENV: &str = "AETHER_DINPUT_HALO";
+
+/// The transposed conv's kernel: the forward's halo core over dy's bindings.
+const KERNEL: ConvKernel = ConvKernel {
+    name: "conv_dinput_halo",
+    parts: &[IM2COL, include_str!("../../shaders/conv/dinput_halo.wgsl")],
+    gemm: Some(GemmRuns {
+        a: "x",
+        b: "w",
+        along_k: [true, false],
+        fits: |m| [m.c_in % GEMM_RUN == 0, m.c_out % GEMM_RUN == 0],
+        // No bias: the accumulators start from zero.
+        direct_c: None,
+    }),
+    f32_inputs: &[],
+};
+
+/// The conv whose forward is `meta`'s input gradient: dy's shape in, the
+/// filter flipped, channels swapped, padded `R - 1 - top` above (likewise
+/// the other sides), so its output is dX's shape. `None` for strides or
+/// dilations above 1, and for paddings over `R - 1` (input positions no
+/// filter tap reaches).
+pub(crate) fn transposed(meta: &ConvShapeMeta) -> Option<ConvShapeMeta> {
+    if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
+        return None;
+    }
+    // Stride 1: h_out = h + top + bottom - r + 1, so the transposed conv's
+    // bottom padding is what brings dy's height back to h.
+    let top = (meta.r - 1).checked_sub(meta.pad_top)?;
+    let left = (meta.s - 1).checked_sub(meta.pad_left)?;
+    let bottom = (meta.h + meta.r - 1).checked_sub(meta.h_out + top)?;
+    let right = (meta.w + meta.s - 1).checked_sub(meta.w_out + left)?;
+    let params = ConvParams {
+        c_out: meta.c_in,
+        filter: (meta.r, meta.s),
+        stride: (1, 1),
+        padding: Padding::Explicit {
+            top,
+            bottom,
+            left,
+            right,
+        },
+        dilation: (1, 1),
+    };
+    let t = ConvShapeMeta::new([meta.n, meta.h_out, meta.w_out, meta.c_out], &params).ok()?;
+    debug_assert_eq!((t.h_out, t.w_out), (meta.h, meta.w));
+    Some(t)
+}
+
+/// `gemm`, dinput's plan for `meta`, with the halo kernel where it is on, fits
+/// the transposed conv and compiles (a compile failure has warned once, and
+/// the residue-class GEMM runs).
+pub(crate) fn with_dinput_halo(
+    ctx: &GpuContext,
+    gemm: ConvLaunchPlan,
+    meta: &ConvShapeMeta,
+) -> ConvLaunchPlan {
+    if std::env::var(DINPUT_HALO_ENV).is_ok_and(|v| v == "0") {
+        return gemm;
+    }
+    let Some(t) = transposed(meta) else {
+        return gemm;
+    };
+    let halo = gemm.with_halo(&t, ctx.caps());
+    if halo != gemm && KERNEL.pipeline(ctx, &halo, &t).is_some() {
+        halo
+    } else {
+        gemm
+    }
+}
+
+/// Records `meta`'s input gradient into `dx` with `plan`'s halo kernel: the
+/// transposed conv of f16 `dy` by the flipped f16 weights `w`.
+pub(crate) fn dispatch(
+    ctx: &Arc<GpuContext>,
+    plan: &ConvLaunchPlan,
+    meta: &ConvShapeMeta,
+    dy: &Tensor,
+    w: &Tensor,
+    dx: &Tensor,
+) -> Result<()> {
+    let t = transposed(meta).expect("a planned halo kernel has a transposed conv");
+    let pipeline = KERNEL
+        .pipeline(ctx, plan, &t)
+        .expect("planned halo kernel compiled");
+    ctx.dispatch(
+        "conv_dinput",
+        &pipeline,
+        &[buf(dy), buf(w), buf(dx)],
+        bytemuck::bytes_of(&(meta.n as u32)),
+        plan.workgroups,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transposed_conv_maps_dy_back_to_dx() {
+        // Asymmetric padding and filter: 3x5, padded 2 / 0 / 1 / 3.
+        let params = ConvParams {
+            padding: Padding::Explicit {
+                top: 2,
+                bottom: 0,
+                left: 1,
+                right: 3,
+            },
+            ..ConvParams {
+                filter: (3, 5),
+                ..ConvParams::new(24, 3, Padding::Valid)
+            }
+        };
+        let meta = ConvShapeMeta::new([2, 9, 11, 16], &params).unwrap();
+        let t = transposed(&meta).unwrap();
+        assert_eq!(
+            [t.h, t.w, t.c_in, t.c_out],
+            [meta.h_out, meta.w_out, 24, 16]
+        );
+        assert_eq!([t.h_out, t.w_out], [9, 11]);
+        assert_eq!([t.pad_top, t.pad_left], [0, 3]);
+        // Padding past the filter leaves input rows no tap reaches.
+        let wide = ConvParams::new(
+            8,
+            3,
+            Padding::Explicit {
+                top: 3,
+                bottom: 0,
+                left: 0,
+                right: 0,
+            },
+        );
+        assert!(transposed(&ConvShapeMeta::new([1, 8, 8, 8], &wide).unwrap()).is_none());
+        let strided = ConvParams {
+            stride: (2, 1),
+            ..ConvParams::new(8, 3, Padding::Same)
+        };
+        assert!(transposed(&ConvShapeMeta::new([1, 8, 8, 8], &strided).unwrap()).is_none());
+    }
+}
