@@ -28,10 +28,9 @@
 // BH, BW, TILES_W, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H,
 // HALO_W and TAP_ROWS (= TPS * HALO_C), and the pieces marked `// generated:`
 // (declaring, multiplying and storing the PT x CT accumulators, which WGSL
-// cannot hold in an indexable array). The input's reader `x_pixel_run`
-// (im2col.wgsl, reading x as f16 or, converting, as f32) and the weights'
-// `load_b_run` (forward.wgsl, or dinput_halo.wgsl's flipped filter) come
-// from the conv kernel (src/conv/common.rs).
+// cannot hold in an indexable array). The operand readers `x_run` / `w_run`
+// come from the conv kernel (src/conv/common.rs), reading x as f16 or,
+// converting, as f32.
 
 const BN: u32 = SG_N * CT * T;
 const THREADS: u32 = SG_M * SG_N * SUBGROUP;
@@ -81,8 +80,8 @@ fn fetch_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, step: u32, cc: u32, co
         let k = g / (BN / 8u);
         var run = Run();
         if (g < TAP_RUNS) {
-            let red = (step * TPS + k / HALO_C) * C_IN + cc + k % HALO_C;
-            run = load_b_run(0u, red, col0 + (g % (BN / 8u)) * 8u);
+            let row = (step * TPS + k / HALO_C) * C_IN + cc + k % HALO_C;
+            run = w_run(i32(row * C_OUT + col0 + (g % (BN / 8u)) * 8u));
         }
         (*regs)[s] = run;
     }

@@ -2,8 +2,8 @@
 //! the transposed conv, dy convolved with the filter flipped and its channels
 //! swapped. On the cooperative-matrix variant the forward's halo kernel
 //! (src/conv/halo.rs) runs that conv, its MMAs reading a staged tile of dy
-//! instead of the residue-class gather's per-tap staging. Its weight reader
-//! gathers the flipped filter from the conv's own (shaders/conv/dinput_halo.wgsl).
+//! instead of the residue-class gather's per-tap staging; one small dispatch
+//! writes the flipped filter first (shaders/conv/flip_filter.wgsl).
 
 use std::sync::Arc;
 
@@ -11,8 +11,8 @@ use super::common::{
     ConvKernel, ConvLaunchPlan, ConvParams, ConvShapeMeta, GEMM_RUN, GemmRuns, IM2COL, Padding, buf,
 };
 use crate::error::Result;
-use crate::gpu::GpuContext;
-use crate::tensor::Tensor;
+use crate::gpu::{GpuContext, PipelineKey, flat_grid};
+use crate::tensor::{DType, Shape, Tensor};
 
 /// Environment variable for comparison runs: `0` turns dinput's halo kernel
 /// off (the residue-class GEMM runs). Its blocks follow the forward's rule
@@ -33,6 +33,9 @@ const KERNEL: ConvKernel = ConvKernel {
     }),
     f32_inputs: &[],
 };
+
+const FLIP_FILTER: &str = include_str!("../../shaders/conv/flip_filter.wgsl");
+const FLIP_WORKGROUP: u32 = 256;
 
 /// The conv whose forward is `meta`'s input gradient: dy's shape in, the
 /// filter flipped, channels swapped, padded `R - 1 - top` above (likewise
@@ -81,15 +84,26 @@ pub(crate) fn with_dinput_halo(
         return gemm;
     };
     let halo = gemm.with_halo(&t, ctx.caps());
-    if halo != gemm && KERNEL.pipeline(ctx, &halo, &t).is_some() {
+    let compiles = || {
+        KERNEL.pipeline(ctx, &halo, &t).is_some()
+            && ctx
+                .pipelines()
+                .get_or_create(&flip_key(), "main", || FLIP_FILTER.into())
+                .is_some()
+    };
+    if halo != gemm && compiles() {
         halo
     } else {
         gemm
     }
 }
 
+fn flip_key() -> PipelineKey {
+    PipelineKey::new("conv_flip_filter", "portable")
+}
+
 /// Records `meta`'s input gradient into `dx` with `plan`'s halo kernel: the
-/// transposed conv of f16 `dy` by the flipped f16 weights `w`.
+/// flipped filter of the f16 weights `w`, then the transposed conv of f16 `dy`.
 pub(crate) fn dispatch(
     ctx: &Arc<GpuContext>,
     plan: &ConvLaunchPlan,
@@ -99,16 +113,38 @@ pub(crate) fn dispatch(
     dx: &Tensor,
 ) -> Result<()> {
     let t = transposed(meta).expect("a planned halo kernel has a transposed conv");
+    let wt = flip_filter(ctx, w, meta)?;
     let pipeline = KERNEL
         .pipeline(ctx, plan, &t)
         .expect("planned halo kernel compiled");
     ctx.dispatch(
         "conv_dinput",
         &pipeline,
-        &[buf(dy), buf(w), buf(dx)],
+        &[buf(dy), buf(&wt), buf(dx)],
         bytemuck::bytes_of(&(meta.n as u32)),
         plan.workgroups,
     )
+}
+
+/// `wt[R * S - 1 - tap, c_out, c_in] = w[tap, c_in, c_out]`, f16.
+fn flip_filter(ctx: &Arc<GpuContext>, w: &Tensor, meta: &ConvShapeMeta) -> Result<Tensor> {
+    w.expect_dtype("conv2d_dinput flipped weight", DType::F16)?;
+    let pipeline = ctx
+        .pipelines()
+        .require(&flip_key(), "main", || FLIP_FILTER.into())?;
+    let dims = [meta.r, meta.s, meta.c_out, meta.c_in];
+    let wt = Tensor::uninit_gpu(ctx, Shape::new(dims)?, DType::F16)?;
+    let limit = ctx.caps().limits.max_compute_workgroups_per_dimension;
+    let (grid, row_stride) = flat_grid(wt.numel() / 2, FLIP_WORKGROUP, limit);
+    let params = [meta.r * meta.s, meta.c_in, meta.c_out].map(|v| v as u32);
+    ctx.dispatch(
+        "conv_dinput_flip",
+        &pipeline,
+        &[buf(w), buf(&wt)],
+        bytemuck::cast_slice(&[params[0], params[1], params[2], row_stride]),
+        grid,
+    )?;
+    Ok(wt)
 }
 
 #[cfg(test)]
