@@ -136,12 +136,14 @@ fn flip_filter(ctx: &Arc<GpuContext>, w: &Tensor, meta: &ConvShapeMeta) -> Resul
     let wt = Tensor::uninit_gpu(ctx, Shape::new(dims)?, DType::F16)?;
     let limit = ctx.caps().limits.max_compute_workgroups_per_dimension;
     let (grid, row_stride) = flat_grid(wt.numel() / 2, FLIP_WORKGROUP, limit);
-    let params = [meta.r * meta.s, meta.c_in, meta.c_out].map(|v| v as u32);
+    // flip_filter.wgsl's Params: taps, c_in, c_out, row_stride.
+    let taps = (meta.r * meta.s) as u32;
+    let params = [taps, meta.c_in as u32, meta.c_out as u32, row_stride];
     ctx.dispatch(
         "conv_dinput_flip",
         &pipeline,
         &[buf(w), buf(&wt)],
-        bytemuck::cast_slice(&[params[0], params[1], params[2], row_stride]),
+        bytemuck::cast_slice(&params),
         grid,
     )?;
     Ok(wt)
