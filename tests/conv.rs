@@ -174,6 +174,14 @@ fn cases() -> Vec<Case> {
             input: [1, 8, 20, 32],
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
+        // 32 images of 8 x 32: 64 blocks at tiles 8 and 16, more than the
+        // workgroups the halo kernels launch on a CPU adapter of up to 32
+        // threads (2 per thread), so each workgroup takes several blocks.
+        Case {
+            name: "3x3 same, 32 images, halo kernels (forward, dinput) taking turns over blocks",
+            input: [32, 8, 32, 32],
+            params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
         // Channel counts divisible by 8 switch the coop core to run loads.
         Case {
             name: "3x3 same, runs on every operand, M and K end mid-block",
@@ -257,6 +265,15 @@ test_device!(
                 let overlaps = |plan: &ConvLaunchPlan| {
                     plan.halo.is_some_and(|b| b.tiles_w() * b.tile > b.cols)
                 };
+                // Fewer workgroups than blocks: a workgroup takes several.
+                let takes_turns = |direction: ConvDirection| {
+                    plans.summary().iter().any(|(d, m, plan)| {
+                        *d == direction
+                            && plan
+                                .halo
+                                .is_some_and(|b| (plan.workgroups[0] as usize) < b.blocks(m))
+                    })
+                };
                 let y = conv2d_forward(&xt, &wt, &bt, &case.params, &plans).unwrap();
                 assert_eq!(y.dims(), meta.output_dims());
                 if case.name.contains("halo kernel") && coop {
@@ -273,6 +290,10 @@ test_device!(
                 if case.name.contains("overlapping") && coop {
                     let overlapping = ran(ConvDirection::Forward, overlaps);
                     assert!(overlapping, "forward {ctx}: no overlapping tiles");
+                }
+                if case.name.contains("taking turns") && coop {
+                    let turns = takes_turns(ConvDirection::Forward);
+                    assert!(turns, "forward {ctx}: one workgroup per block");
                 }
                 let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);
                 assert!(err <= bound, "forward {ctx}: error {err:e} > {bound:e}");
@@ -293,6 +314,10 @@ test_device!(
                 if case.name.contains("dinput") && case.name.contains("overlapping") && coop {
                     let overlapping = ran(ConvDirection::DInput, overlaps);
                     assert!(overlapping, "dinput {ctx}: no overlapping tiles");
+                }
+                if case.name.contains("taking turns") && coop {
+                    let turns = takes_turns(ConvDirection::DInput);
+                    assert!(turns, "dinput {ctx}: one workgroup per block");
                 }
                 let err = norm_rel_error(&dx.to_vec_f32().unwrap(), &want_dx);
                 assert!(err <= bound, "dinput {ctx}: error {err:e} > {bound:e}");

@@ -8,9 +8,13 @@
 // once per tap, R * S times), and the whole reduction needs 2 barriers per
 // step of TPS taps instead of 2 per staged step of the GEMM core.
 //
-// A workgroup computes BH x BW output positions by BN output channels: whole
-// T-wide runs of one image's rows, or, where the width is no multiple of T,
-// whole rows of TILES_W tiles, the last overlapping the one before it. Per
+// A block is BH x BW output positions by BN output channels: whole T-wide
+// runs of one image's rows, or, where the width is no multiple of T, whole
+// rows of TILES_W tiles, the last overlapping the one before it. A workgroup
+// takes blocks wid.x, wid.x + groups.x, ... in turn (the host launches about
+// 2 per compute unit where it knows their count, else one per block), so the
+// next block's first halo loads while the last step of the one before
+// multiplies, and its accumulators go out between the two. Per block and
 // chunk of HALO_C input channels it stages the halo, (BH + R - 1) x
 // (BW + S - 1) pixels of the chunk's channels (zeros in the padding); then per
 // step of TPS filter taps the TPS * HALO_C x BN slice of the weights ("taps").
@@ -98,21 +102,32 @@ fn stage_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, lidx: u32) {
     }
 }
 
+// Block b's image and first output row and column: blocks of an image in
+// row-major order, images in turn.
+fn block_origin(b: u32) -> vec3<u32> {
+    let blocks_w = W_OUT / BW;
+    let blocks_per_image = (H_OUT / BH) * blocks_w;
+    let block = b % blocks_per_image;
+    return vec3<u32>(b / blocks_per_image, (block / blocks_w) * BH, (block % blocks_w) * BW);
+}
+
+fn fetch_block_halo(regs: ptr<function, array<Run, HALO_SLOTS>>, b: u32, cc: u32, lidx: u32) {
+    let o = block_origin(b);
+    fetch_halo(regs, o.x, i32(o.y) - i32(PAD_TOP), i32(o.z) - i32(PAD_LEFT), cc, lidx);
+}
+
 @compute @workgroup_size(THREADS)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
     @builtin(local_invocation_index) lidx: u32,
     @builtin(subgroup_id) sg: u32,
 ) {
     let col0 = wid.y * BN;
-    let blocks_w = W_OUT / BW;
-    let blocks_per_image = (H_OUT / BH) * blocks_w;
-    let n = wid.x / blocks_per_image;
-    let block = wid.x % blocks_per_image;
-    let oh0 = (block / blocks_w) * BH;
-    let ow0 = (block % blocks_w) * BW;
-    let ih0 = i32(oh0) - i32(PAD_TOP);
-    let iw0 = i32(ow0) - i32(PAD_LEFT);
+    // This workgroup's blocks: wid.x, wid.x + groups.x, ... (the host
+    // launches at most one workgroup per block).
+    let blocks = params.n * (H_OUT / BH) * (W_OUT / BW);
+    let mine = (blocks - wid.x + groups.x - 1u) / groups.x;
     // This subgroup's corner: position tiles from sg_m * PT, channel tiles
     // from sg_n * CT. Position tile p covers T outputs of block row
     // p / TILES_W, from block column (p % TILES_W) * T, or BW - T for a last
@@ -120,39 +135,51 @@ fn main(
     let sg_m = sg / SG_N;
     let sub_col = col0 + (sg % SG_N) * CT * T;
     // generated: tile origins br_i, bc_i and accumulators acc_i_j
-    // Step i stages filter taps (i % steps) * TPS.. of input channels
-    // (i / steps) * HALO_C.., the halo too where those channels start.
+    // Step j of a block stages filter taps (j % steps) * TPS.. of input
+    // channels (j / steps) * HALO_C.., the halo too where those channels
+    // start. (The store after each block sits in a loop, not behind a branch
+    // on the loop counter: naga takes a branch on a local variable for
+    // non-uniform control flow, where matrix operations are not allowed.)
     let steps = R * S / TPS;
-    let all_steps = C_IN / HALO_C * steps;
+    let block_steps = C_IN / HALO_C * steps;
     var halo_regs: array<Run, HALO_SLOTS>;
     var tap_regs: array<Run, TAP_SLOTS>;
-    fetch_halo(&halo_regs, n, ih0, iw0, 0u, lidx);
+    fetch_block_halo(&halo_regs, wid.x, 0u, lidx);
     fetch_taps(&tap_regs, 0u, 0u, col0, lidx);
-    for (var i = 0u; i < all_steps; i++) {
-        let step = i % steps;
-        // The previous step's halo and taps are read.
-        workgroupBarrier();
-        if (step == 0u) {
-            stage_halo(&halo_regs, lidx);
-        }
-        stage_taps(&tap_regs, lidx);
-        workgroupBarrier();
-        // The next step's operands load while this one multiplies.
-        let next = i + 1u;
-        if (next < all_steps) {
-            let cc = next / steps * HALO_C;
-            fetch_taps(&tap_regs, next % steps, cc, col0, lidx);
-            if (next % steps == 0u) {
-                fetch_halo(&halo_regs, n, ih0, iw0, cc, lidx);
+    for (var blk = 0u; blk < mine; blk++) {
+        let b = wid.x + blk * groups.x;
+        for (var j = 0u; j < block_steps; j++) {
+            let step = j % steps;
+            // The previous step's halo and taps are read.
+            workgroupBarrier();
+            if (step == 0u) {
+                stage_halo(&halo_regs, lidx);
+            }
+            stage_taps(&tap_regs, lidx);
+            workgroupBarrier();
+            // The next step's operands (of this block or the next) load
+            // while this one multiplies.
+            let last = j + 1u == block_steps;
+            if (!last || blk + 1u < mine) {
+                let next_j = select(j + 1u, 0u, last);
+                let cc = next_j / steps * HALO_C;
+                fetch_taps(&tap_regs, next_j % steps, cc, col0, lidx);
+                if (next_j % steps == 0u) {
+                    fetch_block_halo(&halo_regs, select(b, b + groups.x, last), cc, lidx);
+                }
+            }
+            for (var tt = 0u; tt < TPS; tt++) {
+                let r = (step * TPS + tt) / S;
+                let s = (step * TPS + tt) % S;
+                for (var c0 = 0u; c0 < HALO_C; c0 += T) {
+                    // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds
+                }
             }
         }
-        for (var tt = 0u; tt < TPS; tt++) {
-            let r = (step * TPS + tt) / S;
-            let s = (step * TPS + tt) % S;
-            for (var c0 = 0u; c0 < HALO_C; c0 += T) {
-                // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds
-            }
-        }
+        let o = block_origin(b);
+        let n = o.x;
+        let oh0 = o.y;
+        let ow0 = o.z;
+        // generated: per accumulator, coopStore into y, then its start again
     }
-    // generated: per accumulator, coopStore into y
 }

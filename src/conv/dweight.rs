@@ -42,9 +42,10 @@ const REDUCE_OUTPUTS: usize = 32;
 /// independent of the thread count.
 const CPU_IMAGES_PER_PARTIAL: usize = 4;
 
-/// Compute units of the adapter, for split-K sizing. wgpu does not report them,
-/// so known parts are listed and others estimated from the device type.
-pub fn estimated_compute_units(caps: &GpuCapabilities) -> u32 {
+/// Compute units of the adapter where they are known: listed parts, and CPU
+/// adapters (lavapipe runs workgroups on one thread per core). wgpu does not
+/// report them.
+pub fn known_compute_units(caps: &GpuCapabilities) -> Option<u32> {
     let name = caps.adapter_name.to_ascii_uppercase();
     let known = [
         ("H200", 132),
@@ -54,15 +55,22 @@ pub fn estimated_compute_units(caps: &GpuCapabilities) -> u32 {
         ("4090", 128),
     ];
     if let Some(&(_, units)) = known.iter().find(|(part, _)| name.contains(part)) {
-        return units;
+        return Some(units);
     }
-    match caps.device_type {
-        wgpu::DeviceType::DiscreteGpu => 64,
-        wgpu::DeviceType::Cpu => std::thread::available_parallelism()
+    (caps.device_type == wgpu::DeviceType::Cpu).then(|| {
+        std::thread::available_parallelism()
             .map(|n| n.get() as u32)
-            .unwrap_or(2),
+            .unwrap_or(2)
+    })
+}
+
+/// Compute units of the adapter, for split-K sizing: the known count, else
+/// an estimate from the device type.
+pub fn estimated_compute_units(caps: &GpuCapabilities) -> u32 {
+    known_compute_units(caps).unwrap_or(match caps.device_type {
+        wgpu::DeviceType::DiscreteGpu => 64,
         _ => 16,
-    }
+    })
 }
 
 /// The seed's split-K rule: aim for `(4 if the 2-D grid is one workgroup else 2)`

@@ -5,6 +5,7 @@
 
 use super::common::ConvShapeMeta;
 use super::coop::{const_lines, fill_template, multiply_adds};
+use super::dweight::{estimated_compute_units, known_compute_units};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
@@ -15,6 +16,20 @@ use crate::gpu::GpuCapabilities;
 /// columns of subgroups split the channel tiles (default 1: every subgroup
 /// takes all of them).
 pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
+
+/// Environment variable for tuning: `K` launches at most K workgroups per
+/// compute unit (estimated where the adapter's count is not known), each
+/// taking its blocks in turn; `0` one workgroup per block.
+pub const GROUPS_ENV: &str = "AETHER_HALO_GROUPS";
+
+/// Workgroups per compute unit the halo kernels launch at most, where the
+/// adapter's count of units is known (else one per block). Measured on the
+/// H200 (docs/perf-notes.md, entry 61): the large bench shape's forward
+/// 139.8 -> 157.2 TFLOP/s at 2 (155.7 at 1, 152.9 at 3, 156.3 at 4): a
+/// workgroup that goes on to its next block fetches that block's halo while
+/// it multiplies the last step of the one before, where a fresh workgroup
+/// waits for its first halo with nothing to multiply.
+const GROUPS_PER_UNIT: u32 = 2;
 
 /// The blocks the rule tries, in order: (output positions, output-channel
 /// tiles, subgroups, columns of subgroups splitting the channel tiles). Swept
@@ -77,6 +92,34 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
             );
             Err(format!("{HALO_ENV}={text}"))
         }
+    }
+}
+
+/// The most workgroups a halo kernel launches: the tuning override, else
+/// [`GROUPS_PER_UNIT`] per compute unit where the adapter's count is known;
+/// `u32::MAX` (one workgroup per block) otherwise.
+fn max_groups(caps: &GpuCapabilities) -> u32 {
+    let per_unit = match std::env::var(GROUPS_ENV) {
+        Err(_) => {
+            return known_compute_units(caps).map_or(u32::MAX, |units| GROUPS_PER_UNIT * units);
+        }
+        Ok(text) => match text.trim().parse::<u32>() {
+            Ok(per_unit) => per_unit,
+            Err(_) => {
+                warn_once(
+                    &format!("halo-groups:{text}"),
+                    &format!(
+                        "{GROUPS_ENV}={text:?} is not a count of workgroups per compute unit \
+                         (e.g. 2, or 0 for one per block): one workgroup per block"
+                    ),
+                );
+                0
+            }
+        },
+    };
+    match per_unit {
+        0 => u32::MAX,
+        k => k.saturating_mul(estimated_compute_units(caps)),
     }
 }
 
@@ -219,6 +262,8 @@ pub struct HaloBlock {
     pub halo: [u32; 3],
     /// Rows of one step's taps: `taps_per_step` times the staged channels.
     pub tap_rows: u32,
+    /// Workgroups launched at most (each takes blocks this many apart).
+    pub max_groups: u32,
 }
 
 impl HaloBlock {
@@ -293,6 +338,7 @@ impl HaloBlock {
             taps_per_step,
             halo: [chunk, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             tap_rows: taps_per_step * chunk as u32,
+            max_groups: max_groups(caps),
         };
         runs_subgroups(caps, subgroups)?;
         fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, HALO_ENV)?;
@@ -320,10 +366,19 @@ impl HaloBlock {
         (h * w * (c_in + 8) + self.tap_rows as usize * (self.channels() + 8)) * 2
     }
 
-    /// Workgroups: blocks of positions (images first), blocks of channels.
+    /// Blocks of output positions (each by all of a block's channels).
+    pub fn blocks(&self, meta: &ConvShapeMeta) -> usize {
+        meta.n * (meta.h_out / self.rows as usize) * (meta.w_out / self.cols as usize)
+    }
+
+    /// Workgroups: over the blocks of positions (at most `max_groups`, each
+    /// taking every `max_groups`-th block), blocks of channels.
     pub fn grid(&self, meta: &ConvShapeMeta) -> [usize; 3] {
-        let per_image = meta.h_out / self.rows as usize * (meta.w_out / self.cols as usize);
-        [meta.n * per_image, meta.c_out / self.channels(), 1]
+        [
+            self.blocks(meta).min(self.max_groups as usize),
+            meta.c_out / self.channels(),
+            1,
+        ]
     }
 
     /// The constants forward_halo.wgsl expects, for `subgroup` invocations per
@@ -364,31 +419,33 @@ impl HaloBlock {
 "
             );
         }
+        // Stride 0: every row of the tile starts as the same T biases.
+        let start = |j: u32| match bias {
+            Some(bias) => format!("coopLoadT<{mat}<f32, C>>(&{bias}[sub_col + {j}u * T], 0u)"),
+            None => format!("{mat}<f32, C>()"),
+        };
         for (i, j) in tiles() {
-            decls += &match bias {
-                // Stride 0: every row of the tile starts as the same T biases.
-                Some(bias) => format!(
-                    "    var acc_{i}_{j} = coopLoadT<{mat}<f32, C>>(&{bias}[sub_col + {j}u * T], 0u);\n"
-                ),
-                None => format!("    var acc_{i}_{j} = {mat}<f32, C>();\n"),
-            };
+            decls += &format!("    var acc_{i}_{j} = {};\n", start(j));
         }
         let mut step = String::new();
         for i in 0..pt {
             step += &format!(
-                "                    let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
+                "                        let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
             );
         }
         for j in 0..ct {
             step += &format!(
-                "                    let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[(tt * HALO_C + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
+                "                        let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[(tt * HALO_C + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
             );
         }
-        step += &multiply_adds(tiles(), "                    ");
+        step += &multiply_adds(tiles(), "                        ");
         let mut stores = String::new();
         for (i, j) in tiles() {
             stores += &format!(
-                "    coopStoreT(acc_{i}_{j}, &y[((n * H_OUT + oh0 + br_{i}) * W_OUT + ow0 + bc_{i}) * C_OUT + sub_col + {j}u * T], C_OUT);\n"
+                "        coopStoreT(acc_{i}_{j}, &y[((n * H_OUT + oh0 + br_{i}) * W_OUT + ow0 + bc_{i}) * C_OUT + sub_col + {j}u * T], C_OUT);
+        acc_{i}_{j} = {};
+",
+                start(j)
             );
         }
         fill_template(
@@ -400,7 +457,10 @@ impl HaloBlock {
                     "PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds",
                     step,
                 ),
-                ("per accumulator, coopStore into y", stores),
+                (
+                    "per accumulator, coopStore into y, then its start again",
+                    stores,
+                ),
             ],
         )
     }
@@ -425,6 +485,7 @@ pub(crate) mod tests {
             taps_per_step: 3,
             halo: [32, 6, 34],
             tap_rows: 96,
+            max_groups: u32::MAX,
         };
         let src = block.core_source(TEMPLATE, 32, Some("bias"));
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
@@ -455,6 +516,31 @@ pub(crate) mod tests {
                 ..wgpu::Limits::default()
             },
         }
+    }
+
+    #[test]
+    fn workgroups_take_turns_over_blocks_where_compute_units_are_known() {
+        let meta = |input, c_out| {
+            ConvShapeMeta::new(input, &ConvParams::new(c_out, 3, Padding::Same)).unwrap()
+        };
+        let large = meta([256, 56, 56, 64], 64);
+        let conv3 = meta([256, 16, 16, 32], 64);
+        // An unknown discrete adapter: one workgroup per block.
+        let block = HaloBlock::fit(16, &large, &caps()).unwrap();
+        assert_eq!(block.grid(&large), [block.blocks(&large), 1, 1]);
+        // An H200's 132 units: 2 workgroups each over the large shape's
+        // 3584 blocks; the v1 32 -> 64 conv's 256 blocks one each.
+        let h200 = GpuCapabilities {
+            adapter_name: "NVIDIA H200".into(),
+            ..caps()
+        };
+        let block = HaloBlock::fit(16, &large, &h200).unwrap();
+        assert_eq!(
+            (block.blocks(&large), block.grid(&large)),
+            (3584, [264, 1, 1])
+        );
+        let block = HaloBlock::fit(16, &conv3, &h200).unwrap();
+        assert_eq!(block.grid(&conv3), [256, 1, 1]);
     }
 
     #[test]
