@@ -14,7 +14,7 @@ use super::common::{
 use super::dweight_halo::DWeightHalo;
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
-use crate::gpu::{GpuCapabilities, flat_grid};
+use crate::gpu::flat_grid;
 use crate::tensor::{DType, Shape, Tensor};
 
 const KERNEL: ConvKernel = ConvKernel {
@@ -41,37 +41,6 @@ const REDUCE_OUTPUTS: usize = 32;
 /// Images per partial sum on the CPU path: a fixed grouping keeps the CPU result
 /// independent of the thread count.
 const CPU_IMAGES_PER_PARTIAL: usize = 4;
-
-/// Compute units of the adapter where they are known: listed parts, and CPU
-/// adapters (lavapipe runs workgroups on one thread per core). wgpu does not
-/// report them.
-pub fn known_compute_units(caps: &GpuCapabilities) -> Option<u32> {
-    let name = caps.adapter_name.to_ascii_uppercase();
-    let known = [
-        ("H200", 132),
-        ("H100", 132),
-        ("A100", 108),
-        ("L40", 142),
-        ("4090", 128),
-    ];
-    if let Some(&(_, units)) = known.iter().find(|(part, _)| name.contains(part)) {
-        return Some(units);
-    }
-    (caps.device_type == wgpu::DeviceType::Cpu).then(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get() as u32)
-            .unwrap_or(2)
-    })
-}
-
-/// Compute units of the adapter, for split-K sizing: the known count, else
-/// an estimate from the device type.
-pub fn estimated_compute_units(caps: &GpuCapabilities) -> u32 {
-    known_compute_units(caps).unwrap_or(match caps.device_type {
-        wgpu::DeviceType::DiscreteGpu => 64,
-        _ => 16,
-    })
-}
 
 /// The seed's split-K rule: aim for `(4 if the 2-D grid is one workgroup else 2)`
 /// workgroups per compute unit, never more slices than reduction tiles. (Aiming
@@ -129,7 +98,7 @@ pub(crate) fn conv2d_dweight_into(
             let mut split = split_k(
                 plan.workgroups[0] * plan.workgroups[1],
                 reduction_tiles,
-                estimated_compute_units(ctx.caps()),
+                ctx.caps().estimated_compute_units(),
             );
             // The partial sums must fit one storage binding.
             let slice_bytes = (rows * meta.c_out * 4) as u64;
@@ -140,7 +109,7 @@ pub(crate) fn conv2d_dweight_into(
             plan.split_k = split;
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.
-            let units = estimated_compute_units(ctx.caps());
+            let units = ctx.caps().estimated_compute_units();
             let halo = plan.with_dweight_halo(&meta, ctx.caps(), units);
             let compiles = || KERNEL.pipeline(ctx, &halo, &meta).is_some();
             Ok(if halo != plan && compiles() {

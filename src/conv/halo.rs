@@ -5,7 +5,6 @@
 
 use super::common::ConvShapeMeta;
 use super::coop::{const_lines, fill_template, multiply_adds};
-use super::dweight::{estimated_compute_units, known_compute_units};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
@@ -101,7 +100,9 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
 fn max_groups(caps: &GpuCapabilities) -> u32 {
     let per_unit = match std::env::var(GROUPS_ENV) {
         Err(_) => {
-            return known_compute_units(caps).map_or(u32::MAX, |units| GROUPS_PER_UNIT * units);
+            return caps
+                .known_compute_units()
+                .map_or(u32::MAX, |units| GROUPS_PER_UNIT * units);
         }
         Ok(text) => match text.trim().parse::<u32>() {
             Ok(per_unit) => per_unit,
@@ -119,7 +120,7 @@ fn max_groups(caps: &GpuCapabilities) -> u32 {
     };
     match per_unit {
         0 => u32::MAX,
-        k => k.saturating_mul(estimated_compute_units(caps)),
+        k => k.saturating_mul(caps.estimated_compute_units()),
     }
 }
 

@@ -117,6 +117,38 @@ impl GpuCapabilities {
 
     /// Whether kernels take their parameter block as immediate data (set in the
     /// pass, no buffer or binding) rather than as a uniform buffer. Every
+    /// Compute units of the adapter where they are known: listed parts, and
+    /// CPU adapters (lavapipe runs workgroups on one thread per core). wgpu
+    /// does not report them.
+    pub fn known_compute_units(&self) -> Option<u32> {
+        let name = self.adapter_name.to_ascii_uppercase();
+        let known = [
+            ("H200", 132),
+            ("H100", 132),
+            ("A100", 108),
+            ("L40", 142),
+            ("4090", 128),
+        ];
+        if let Some(&(_, units)) = known.iter().find(|(part, _)| name.contains(part)) {
+            return Some(units);
+        }
+        (self.device_type == wgpu::DeviceType::Cpu).then(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get() as u32)
+                .unwrap_or(2)
+        })
+    }
+
+    /// Compute units of the adapter, for sizing grids: the known count, else
+    /// an estimate from the device type.
+    pub fn estimated_compute_units(&self) -> u32 {
+        self.known_compute_units()
+            .unwrap_or(match self.device_type {
+                wgpu::DeviceType::DiscreteGpu => 64,
+                _ => 16,
+            })
+    }
+
     /// aether parameter block fits in [`PARAMS_IMMEDIATE_BYTES`].
     pub fn params_in_immediates(&self) -> bool {
         self.immediate_bytes >= PARAMS_IMMEDIATE_BYTES
