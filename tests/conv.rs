@@ -256,32 +256,30 @@ test_device!(
                 // Whether `direction` was planned with a kernel `uses` holds for:
                 // the halo cases must run the kernel they name on coop variants.
                 let coop = variant.starts_with("coop");
-                let ran = |direction: ConvDirection, uses: fn(&ConvLaunchPlan) -> bool| {
-                    let summary = plans.summary();
-                    summary
-                        .iter()
-                        .any(|(d, _, plan)| *d == direction && uses(plan))
-                };
-                let overlaps = |plan: &ConvLaunchPlan| {
+                let ran =
+                    |direction: ConvDirection,
+                     uses: fn(&ConvShapeMeta, &ConvLaunchPlan) -> bool| {
+                        let summary = plans.summary();
+                        summary
+                            .iter()
+                            .any(|(d, meta, plan)| *d == direction && uses(meta, plan))
+                    };
+                let overlaps = |_: &ConvShapeMeta, plan: &ConvLaunchPlan| {
                     plan.halo.is_some_and(|b| b.tiles_w() * b.tile > b.cols)
                 };
                 // Fewer workgroups than blocks: a workgroup takes several.
-                let takes_turns = |direction: ConvDirection| {
-                    plans.summary().iter().any(|(d, m, plan)| {
-                        *d == direction
-                            && plan
-                                .halo
-                                .is_some_and(|b| (plan.workgroups[0] as usize) < b.blocks(m))
-                    })
+                let takes_turns = |meta: &ConvShapeMeta, plan: &ConvLaunchPlan| {
+                    plan.halo
+                        .is_some_and(|b| (plan.workgroups[0] as usize) < b.blocks(meta))
                 };
                 let y = conv2d_forward(&xt, &wt, &bt, &case.params, &plans).unwrap();
                 assert_eq!(y.dims(), meta.output_dims());
                 if case.name.contains("halo kernel") && coop {
-                    let halo = ran(ConvDirection::Forward, |p| p.halo.is_some());
+                    let halo = ran(ConvDirection::Forward, |_, p| p.halo.is_some());
                     assert!(halo, "forward {ctx}: the halo kernel did not run");
                 }
                 if case.name.contains("whole-image halo") && coop {
-                    let whole = ran(ConvDirection::Forward, |p| {
+                    let whole = ran(ConvDirection::Forward, |_, p| {
                         p.halo
                             .is_some_and(|b| (b.rows, b.cols, b.subgroups) == (16, 16, [8, 2]))
                     });
@@ -292,14 +290,14 @@ test_device!(
                     assert!(overlapping, "forward {ctx}: no overlapping tiles");
                 }
                 if case.name.contains("taking turns") && coop {
-                    let turns = takes_turns(ConvDirection::Forward);
+                    let turns = ran(ConvDirection::Forward, takes_turns);
                     assert!(turns, "forward {ctx}: one workgroup per block");
                 }
                 let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);
                 assert!(err <= bound, "forward {ctx}: error {err:e} > {bound:e}");
                 let (dw, db) = conv2d_dweight(&xt, &dyt, &case.params, &plans).unwrap();
                 if case.name.contains("dweight") && coop {
-                    let halo = ran(ConvDirection::DWeight, |p| p.dweight_halo.is_some());
+                    let halo = ran(ConvDirection::DWeight, |_, p| p.dweight_halo.is_some());
                     assert!(halo, "dweight {ctx}: the halo kernel did not run");
                 }
                 let err = norm_rel_error(&dw.to_vec_f32().unwrap(), &want_dw);
@@ -308,7 +306,7 @@ test_device!(
                 assert!(err <= bound, "dbias {ctx}: error {err:e} > {bound:e}");
                 let dx = conv2d_dinput(&dyt, &wt, case.input, &case.params, &plans).unwrap();
                 if case.name.contains("dinput") && coop {
-                    let halo = ran(ConvDirection::DInput, |p| p.halo.is_some());
+                    let halo = ran(ConvDirection::DInput, |_, p| p.halo.is_some());
                     assert!(halo, "dinput {ctx}: the halo kernel did not run");
                 }
                 if case.name.contains("dinput") && case.name.contains("overlapping") && coop {
@@ -316,7 +314,7 @@ test_device!(
                     assert!(overlapping, "dinput {ctx}: no overlapping tiles");
                 }
                 if case.name.contains("taking turns") && coop {
-                    let turns = takes_turns(ConvDirection::DInput);
+                    let turns = ran(ConvDirection::DInput, takes_turns);
                     assert!(turns, "dinput {ctx}: one workgroup per block");
                 }
                 let err = norm_rel_error(&dx.to_vec_f32().unwrap(), &want_dx);

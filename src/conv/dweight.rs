@@ -95,10 +95,11 @@ pub(crate) fn conv2d_dweight_into(
             let mut plan =
                 ConvLaunchPlan::gemm(ConvDirection::DWeight, ctx, variant, [rows, meta.c_out, 1])?;
             let reduction_tiles = meta.m.div_ceil(plan.tile_k as usize) as u32;
+            let units = ctx.caps().estimated_compute_units();
             let mut split = split_k(
                 plan.workgroups[0] * plan.workgroups[1],
                 reduction_tiles,
-                ctx.caps().estimated_compute_units(),
+                units,
             );
             // The partial sums must fit one storage binding.
             let slice_bytes = (rows * meta.c_out * 4) as u64;
@@ -109,7 +110,6 @@ pub(crate) fn conv2d_dweight_into(
             plan.split_k = split;
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.
-            let units = ctx.caps().estimated_compute_units();
             let halo = plan.with_dweight_halo(&meta, ctx.caps(), units);
             let compiles = || KERNEL.pipeline(ctx, &halo, &meta).is_some();
             Ok(if halo != plan && compiles() {
