@@ -102,13 +102,16 @@ fn stage_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, lidx: u32) {
     }
 }
 
+// Blocks along an output row and per image (overrides: the output's size
+// arrives as override constants).
+override BLOCKS_W: u32 = W_OUT / BW;
+override BLOCKS_PER_IMAGE: u32 = (H_OUT / BH) * BLOCKS_W;
+
 // Block b's image and first output row and column: blocks of an image in
 // row-major order, images in turn.
 fn block_origin(b: u32) -> vec3<u32> {
-    let blocks_w = W_OUT / BW;
-    let blocks_per_image = (H_OUT / BH) * blocks_w;
-    let block = b % blocks_per_image;
-    return vec3<u32>(b / blocks_per_image, (block / blocks_w) * BH, (block % blocks_w) * BW);
+    let block = b % BLOCKS_PER_IMAGE;
+    return vec3<u32>(b / BLOCKS_PER_IMAGE, (block / BLOCKS_W) * BH, (block % BLOCKS_W) * BW);
 }
 
 fn fetch_block_halo(regs: ptr<function, array<Run, HALO_SLOTS>>, b: u32, cc: u32, lidx: u32) {
@@ -126,7 +129,7 @@ fn main(
     let col0 = wid.y * BN;
     // This workgroup's blocks: wid.x, wid.x + groups.x, ... (the host
     // launches at most one workgroup per block).
-    let blocks = params.n * (H_OUT / BH) * (W_OUT / BW);
+    let blocks = params.n * BLOCKS_PER_IMAGE;
     let mine = (blocks - wid.x + groups.x - 1u) / groups.x;
     // This subgroup's corner: position tiles from sg_m * PT, channel tiles
     // from sg_n * CT. Position tile p covers T outputs of block row
