@@ -442,7 +442,7 @@ fn segment_tensor(ctx: &Arc<GpuContext>, segs: &[Segment]) -> Result<Tensor> {
     Tensor::from_u32(vec![words.len()], words, &Device::Gpu(Arc::clone(ctx)))
 }
 
-/// `sum(l1 * |p| + l2 * p^2)` over `(tensor, l1, l2)` triples, as a [1] tensor on
+/// `sum(l1 * |p| + l2 * p^2)` over `(tensor, l1, l2)` triples, as a `[1]` tensor on
 /// the tensors' device, computed by one deterministic reduction over all of them.
 pub fn regularization_loss(terms: &[(&Tensor, f32, f32)]) -> Result<Tensor> {
     let Some(&(first, _, _)) = terms.first() else {

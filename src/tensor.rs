@@ -193,7 +193,7 @@ impl Tensor {
     }
 
     /// An f16 tensor of host f32 values rounded to nearest, as
-    /// [`f16::from_f32`] rounds them. On a GPU they are converted straight into
+    /// `half::f16::from_f32` rounds them. On a GPU they are converted straight into
     /// the upload's staging memory: half the bytes of an f32 upload.
     pub fn from_f32_as_f16(
         dims: impl Into<Vec<usize>>,

@@ -149,7 +149,8 @@ impl GpuCapabilities {
             })
     }
 
-    /// aether parameter block fits in [`PARAMS_IMMEDIATE_BYTES`].
+    /// Whether kernel parameter blocks go in immediates: the adapter offers at
+    /// least `PARAMS_IMMEDIATE_BYTES` of them.
     pub fn params_in_immediates(&self) -> bool {
         self.immediate_bytes >= PARAMS_IMMEDIATE_BYTES
     }
