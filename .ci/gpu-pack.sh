@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the release binaries the device machine runs (it has no Rust
-# toolchain) and packs them into the git-ignored .gpu-pack/bins.tgz:
-# examples, the criterion conv bench and every test binary.
-# Run on the device (carrying .gl and .gpu-pack) with .ci/gpu-run.sh.
+# toolchain) and packs them into the git-ignored .gpu-pack/bins.tgz: the
+# examples, the criterion conv bench and the test binaries, every one, or
+# those named (`bash .ci/gpu-pack.sh conv model`: tests/conv.rs and
+# tests/model.rs) to keep the pack well under the device's 64 MiB carry.
+# On the device (carrying .gl and .gpu-pack), `source .ci/gpu-env.sh` unpacks it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .gpu-bin .gpu-pack && mkdir -p .gpu-bin/tests .gpu-pack
@@ -10,8 +12,11 @@ cargo build --release --examples --benches
 cp target/release/examples/{cifar10,cifar10_breakdown} .gpu-bin/
 bench=$(cargo bench --no-run --bench conv 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 cp "$bench" .gpu-bin/conv_bench
-cargo test --release --no-run 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' \
+tests=(--tests)
+for name in "$@"; do tests+=(--test "$name"); done
+[ $# -eq 0 ] || tests=("${tests[@]:1}")
+cargo test --release --no-run "${tests[@]}" 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' \
     | grep '/deps/' | xargs cp -t .gpu-bin/tests
 strip .gpu-bin/tests/* .gpu-bin/{cifar10,cifar10_breakdown,conv_bench}
 tar -C .gpu-bin -czf .gpu-pack/bins.tgz .
-ls -la .gpu-pack
+ls -la .gpu-pack .gpu-bin/tests
