@@ -115,8 +115,6 @@ impl GpuCapabilities {
         }
     }
 
-    /// Whether kernels take their parameter block as immediate data (set in the
-    /// pass, no buffer or binding) rather than as a uniform buffer. Every
     /// Compute units of the adapter where they are known: listed parts, and
     /// CPU adapters (lavapipe runs workgroups on one thread per core). wgpu
     /// does not report them.
@@ -149,8 +147,9 @@ impl GpuCapabilities {
             })
     }
 
-    /// Whether kernel parameter blocks go in immediates: the adapter offers at
-    /// least `PARAMS_IMMEDIATE_BYTES` of them.
+    /// Whether kernels take their parameter block as immediate data (set in the
+    /// pass, no buffer or binding) rather than as a uniform buffer. Every
+    /// aether parameter block fits in `PARAMS_IMMEDIATE_BYTES`.
     pub fn params_in_immediates(&self) -> bool {
         self.immediate_bytes >= PARAMS_IMMEDIATE_BYTES
     }
