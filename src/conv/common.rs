@@ -831,16 +831,11 @@ impl ConvLaunchPlan {
     /// This plan with dweight's halo kernel where it fits `meta` and its
     /// partial sums fit one storage binding (a coop plan only), else
     /// unchanged.
-    pub(crate) fn with_dweight_halo(
-        self,
-        meta: &ConvShapeMeta,
-        caps: &GpuCapabilities,
-        compute_units: u32,
-    ) -> Self {
+    pub(crate) fn with_dweight_halo(self, meta: &ConvShapeMeta, caps: &GpuCapabilities) -> Self {
         let Some(block) = self.coop else {
             return self;
         };
-        let Ok(halo) = DWeightHalo::fit(block.tile, meta, caps, compute_units) else {
+        let Ok(halo) = DWeightHalo::fit(block.tile, meta, caps) else {
             return self;
         };
         let partial_bytes = halo.slices as usize * DWeightHalo::partial_rows(meta) * meta.c_out * 4;

@@ -95,11 +95,10 @@ pub(crate) fn conv2d_dweight_into(
             let mut plan =
                 ConvLaunchPlan::gemm(ConvDirection::DWeight, ctx, variant, [rows, meta.c_out, 1])?;
             let reduction_tiles = meta.m.div_ceil(plan.tile_k as usize) as u32;
-            let units = ctx.caps().estimated_compute_units();
             let mut split = split_k(
                 plan.workgroups[0] * plan.workgroups[1],
                 reduction_tiles,
-                units,
+                ctx.caps().estimated_compute_units(),
             );
             // The partial sums must fit one storage binding.
             let slice_bytes = (rows * meta.c_out * 4) as u64;
@@ -110,7 +109,7 @@ pub(crate) fn conv2d_dweight_into(
             plan.split_k = split;
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.
-            let halo = plan.with_dweight_halo(&meta, ctx.caps(), units);
+            let halo = plan.with_dweight_halo(&meta, ctx.caps());
             let compiles = || KERNEL.pipeline(ctx, &halo, &meta).is_some();
             Ok(if halo != plan && compiles() {
                 halo

@@ -65,12 +65,12 @@ pub struct DWeightHalo {
 
 impl DWeightHalo {
     /// The block for `meta` at `tile`, with about 2 workgroups per compute
-    /// unit, or why the kernel does not apply (the GEMM core then runs).
+    /// unit (the adapter's estimate), or why the kernel does not apply (the
+    /// GEMM core then runs).
     pub fn fit(
         tile: u32,
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
-        compute_units: u32,
     ) -> std::result::Result<Self, String> {
         let positions = block_positions()?;
         let t = tile as usize;
@@ -87,7 +87,8 @@ impl DWeightHalo {
         runs_subgroups(caps, taps + 1)?;
         let chunks = channel_chunks(tile, meta);
         let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
-        let slices = (2 * compute_units as usize / chunks).clamp(1, blocks);
+        let units = caps.estimated_compute_units() as usize;
+        let slices = (2 * units / chunks).clamp(1, blocks);
         let block = Self {
             tile,
             rows: rows as u32,
@@ -206,24 +207,28 @@ mod tests {
 
     #[test]
     fn sizes_follow_the_shape() {
-        let caps = crate::conv::halo::tests::caps();
+        // An H200: 132 compute units.
+        let caps = GpuCapabilities {
+            adapter_name: "NVIDIA H200".into(),
+            ..crate::conv::halo::tests::caps()
+        };
         // The v1 32 -> 32 conv at batch 256: 2 x 32 blocks, one channel chunk.
         let conv2 = meta([256, 32, 32, 32], 32);
-        let block = DWeightHalo::fit(16, &conv2, &caps, 132).unwrap();
+        let block = DWeightHalo::fit(16, &conv2, &caps).unwrap();
         assert_eq!((block.rows, block.cols, block.slices), (2, 32, 264));
         assert_eq!(block.grid(&conv2), [264, 1, 1]);
         assert_eq!(block.workgroup_bytes(), (4 * 34 * 40 + 64 * 40 + 16) * 2);
         assert_eq!(DWeightHalo::partial_rows(&conv2), 288 + 32);
         // 64 -> 64: four channel chunks share the slices.
         let conv4 = meta([256, 16, 16, 64], 64);
-        let block = DWeightHalo::fit(16, &conv4, &caps, 132).unwrap();
+        let block = DWeightHalo::fit(16, &conv4, &caps).unwrap();
         assert_eq!(block.grid(&conv4), [66, 4, 1]);
         // 3 input channels are no chunk; 8 x 8 outputs no whole blocks.
-        assert!(DWeightHalo::fit(16, &meta([256, 32, 32, 3], 32), &caps, 132).is_err());
-        assert!(DWeightHalo::fit(16, &meta([256, 8, 8, 64], 128), &caps, 132).is_err());
+        assert!(DWeightHalo::fit(16, &meta([256, 32, 32, 3], 32), &caps).is_err());
+        assert!(DWeightHalo::fit(16, &meta([256, 8, 8, 64], 128), &caps).is_err());
         // A 1x1 conv shares no taps (the 4096^3 GEMM of the conv bench).
         let pointwise = ConvParams::new(4096, 1, Padding::Same);
         let pointwise = ConvShapeMeta::new([1, 64, 64, 4096], &pointwise).unwrap();
-        assert!(DWeightHalo::fit(16, &pointwise, &caps, 132).is_err());
+        assert!(DWeightHalo::fit(16, &pointwise, &caps).is_err());
     }
 }
