@@ -4,14 +4,15 @@
 //! explicit padding, dilation, C_in = 3, channels not a multiple of the tile,
 //! M ending mid-tile, batch 1 and 7, and channel counts divisible by 8 (the
 //! coop core's run loads) on every operand, on the input only, on dy only,
-//! a shape whose blocks lie wholly inside C (stored straight from the
-//! coop core's accumulators), and stride-1 shapes that the halo kernels of
+//! shapes whose blocks lie wholly inside C (stored straight from the
+//! coop core's accumulators, with the 16-subgroup blocks of wide GEMMs), and stride-1 shapes that the halo kernels of
 //! each direction must run on the coop variants.
 //!
 //! Bounds (norm-relative): f32 operands 1e-5; f16 operands 5e-3.
 
 mod common;
 
+use aether::conv::halo::GROUPS_PER_UNIT;
 use aether::conv::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
     conv2d_dinput, conv2d_dweight, conv2d_forward,
@@ -29,7 +30,9 @@ struct Case {
     params: ConvParams,
 }
 
-fn cases() -> Vec<Case> {
+/// The test cases; `turns_images` is the taking-turns case's batch (see
+/// [`turns_images`]).
+fn cases(turns_images: usize) -> Vec<Case> {
     let p = |c_out, filter: (usize, usize), stride, padding, dilation| ConvParams {
         c_out,
         filter,
@@ -50,9 +53,6 @@ fn cases() -> Vec<Case> {
         },
         (1, 1),
     );
-    // At least 32 images, and more than this machine has threads.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let turns_images = 32.max(threads + 1);
     vec![
         Case {
             name: "1x1 same, batch 1",
@@ -119,6 +119,14 @@ fn cases() -> Vec<Case> {
             input: [4, 8, 8, 16],
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
+        // A 1x1 conv (no halo kernel) 256 channels wide, 256 rows: the coop
+        // core's 16-subgroup blocks, which fit only storing straight into C
+        // (forward 128 x 256 and dinput 256 x 128 at tile 16, half at tile 8).
+        Case {
+            name: "1x1, 256 channels, wide blocks stored directly",
+            input: [4, 8, 8, 256],
+            params: p(256, (1, 1), (1, 1), Padding::Same, (1, 1)),
+        },
         // Stride 1, channels that tile and whole blocks of output rows: the
         // coop variants run the forward's halo kernel (at tile 16 blocks of
         // 4 x 32 positions, at tile 8 of 8 x 16; two blocks of output channels
@@ -177,9 +185,8 @@ fn cases() -> Vec<Case> {
             input: [1, 8, 20, 32],
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
-        // Images of 8 x 32, 2 blocks each at tiles 8 and 16: more blocks than
-        // the workgroups the halo kernels launch on a CPU adapter (2 per
-        // thread), so each workgroup takes several blocks.
+        // Images of 8 x 32, at least one block each: more blocks than the
+        // workgroups the halo kernels launch, so each workgroup takes several.
         Case {
             name: "3x3 same, halo kernels (forward, dinput) taking turns over blocks",
             input: [turns_images, 8, 32, 32],
@@ -215,6 +222,24 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// Whether `plan` runs the coop core's block of `subgroups`, 2x4 tiles each
+/// (the wide GEMMs' blocks).
+fn runs_wide_block(plan: &ConvLaunchPlan, subgroups: [u32; 2]) -> bool {
+    (plan.coop).is_some_and(|b| (b.subgroups, b.tiles) == (subgroups, [2, 4]))
+}
+
+/// Images enough for more halo blocks than the halo kernels launch
+/// workgroups ([`GROUPS_PER_UNIT`] per compute unit, where the adapter's count
+/// is known: 132 units on an H100, the threads on a CPU adapter), at least 32;
+/// `None` where the count is not known (one workgroup per block, no turns).
+fn turns_images(device: &Device) -> Option<usize> {
+    let units = match device.gpu_context() {
+        Some(ctx) => ctx.caps().known_compute_units()?,
+        None => 1,
+    };
+    Some(32.max(GROUPS_PER_UNIT as usize * units as usize + 1))
+}
+
 /// The ways to run a conv on `device`: the CPU path, or each GPU variant.
 fn variants(device: &Device) -> Vec<(String, ConvPlans, f64)> {
     match device.gpu_context() {
@@ -241,7 +266,8 @@ test_device!(
     all_directions_match_the_f64_direct_convolution,
     |device: &Device| {
         let mut rng = Rng::fresh();
-        for case in cases() {
+        let turns = turns_images(device);
+        for case in cases(turns.unwrap_or(32)) {
             let meta = ConvShapeMeta::new(case.input, &case.params).unwrap();
             let x = rng.vec(meta.n * meta.h * meta.w * meta.c_in);
             let w = rng.vec(meta.k * meta.c_out);
@@ -276,6 +302,10 @@ test_device!(
                         .is_some_and(|b| (plan.workgroups[0] as usize) < b.blocks(meta))
                 };
                 let y = conv2d_forward(&xt, &wt, &bt, &case.params, &plans).unwrap();
+                if case.name.contains("wide blocks") && coop {
+                    let ran_wide = ran(ConvDirection::Forward, |_, p| runs_wide_block(p, [4, 4]));
+                    assert!(ran_wide, "forward {ctx}: not the wide block");
+                }
                 assert_eq!(y.dims(), meta.output_dims());
                 if case.name.contains("halo kernel") && coop {
                     let halo = ran(ConvDirection::Forward, |_, p| p.halo.is_some());
@@ -292,9 +322,9 @@ test_device!(
                     let overlapping = ran(ConvDirection::Forward, overlaps);
                     assert!(overlapping, "forward {ctx}: no overlapping tiles");
                 }
-                if case.name.contains("taking turns") && coop {
-                    let turns = ran(ConvDirection::Forward, takes_turns);
-                    assert!(turns, "forward {ctx}: one workgroup per block");
+                if case.name.contains("taking turns") && coop && turns.is_some() {
+                    let took_turns = ran(ConvDirection::Forward, takes_turns);
+                    assert!(took_turns, "forward {ctx}: one workgroup per block");
                 }
                 let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want_y);
                 assert!(err <= bound, "forward {ctx}: error {err:e} > {bound:e}");
@@ -308,6 +338,10 @@ test_device!(
                 let err = norm_rel_error(&db.to_vec_f32().unwrap(), &want_db);
                 assert!(err <= bound, "dbias {ctx}: error {err:e} > {bound:e}");
                 let dx = conv2d_dinput(&dyt, &wt, case.input, &case.params, &plans).unwrap();
+                if case.name.contains("wide blocks") && coop {
+                    let ran_wide = ran(ConvDirection::DInput, |_, p| runs_wide_block(p, [8, 2]));
+                    assert!(ran_wide, "dinput {ctx}: not the wide block");
+                }
                 if case.name.contains("dinput") && coop {
                     let halo = ran(ConvDirection::DInput, |_, p| p.halo.is_some());
                     assert!(halo, "dinput {ctx}: the halo kernel did not run");
@@ -316,9 +350,9 @@ test_device!(
                     let overlapping = ran(ConvDirection::DInput, overlaps);
                     assert!(overlapping, "dinput {ctx}: no overlapping tiles");
                 }
-                if case.name.contains("taking turns") && coop {
-                    let turns = ran(ConvDirection::DInput, takes_turns);
-                    assert!(turns, "dinput {ctx}: one workgroup per block");
+                if case.name.contains("taking turns") && coop && turns.is_some() {
+                    let took_turns = ran(ConvDirection::DInput, takes_turns);
+                    assert!(took_turns, "dinput {ctx}: one workgroup per block");
                 }
                 let err = norm_rel_error(&dx.to_vec_f32().unwrap(), &want_dx);
                 assert!(err <= bound, "dinput {ctx}: error {err:e} > {bound:e}");

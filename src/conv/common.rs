@@ -439,6 +439,14 @@ fn {name}_run(offset: i32) -> Run {{
 const RUN_TYPE: &str = "alias Run = array<vec4<operand>, 2>;\n";
 
 impl ConvKernel {
+    /// C's `[rows, cols]` where this kernel's coop core stores tiles
+    /// straight into C at `tile` for `meta` (given blocks that tile it);
+    /// `None` where C goes out through scratch.
+    pub(crate) fn direct_span(&self, meta: &ConvShapeMeta, tile: u32) -> Option<[usize; 2]> {
+        let direct = self.gemm.as_ref()?.direct_c.as_ref()?;
+        (direct.span)(meta, tile as usize)
+    }
+
     /// The compiled pipeline of this kernel for `plan` and `meta`'s geometry;
     /// `None` when it failed to compile (the cache has warned).
     pub fn pipeline(
@@ -512,12 +520,8 @@ impl ConvKernel {
                 key.source_constants.extend(block.constants(subgroup));
                 // Whole blocks only: naga requires the matrix stores in
                 // uniform control flow, so no tile may be skipped.
-                let (bm, bn, _) = block.dims();
-                let direct = (runs.direct_c.as_ref()).filter(|direct| {
-                    (direct.span)(meta, block.tile as usize).is_some_and(|[rows, cols]| {
-                        rows % bm as usize == 0 && cols % bn as usize == 0
-                    })
-                });
+                let direct = (runs.direct_c.as_ref())
+                    .filter(|_| block.stores_directly(self.direct_span(meta, block.tile)));
                 key.source_constants
                     .push(("DIRECT_C", u32::from(direct.is_some())));
                 (fits, direct)
@@ -756,12 +760,14 @@ pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
 
 impl ConvLaunchPlan {
     /// The plan of `variant`'s GEMM over a `rows x cols` output with `z` slices
-    /// (split-K 1); an error (a decline) when the grid exceeds the adapter's limit.
+    /// (split-K 1), run by `kernel` on `meta`; an error (a decline) when the
+    /// grid exceeds the adapter's limit.
     pub(crate) fn gemm(
         direction: ConvDirection,
         ctx: &GpuContext,
         variant: ConvVariant,
         [rows, cols, z]: [usize; 3],
+        (kernel, meta): (&ConvKernel, &ConvShapeMeta),
     ) -> Result<Self> {
         let coop = match variant {
             ConvVariant::Coop { tile } => Some(CoopBlock::choose(
@@ -769,6 +775,7 @@ impl ConvLaunchPlan {
                 direction,
                 [rows, cols],
                 ctx.caps(),
+                kernel.direct_span(meta, tile),
             )?),
             _ => None,
         };

@@ -49,20 +49,34 @@ impl CoopBlock {
     }
 
     /// Workgroup memory the core declares at most (see coop_gemm.wgsl: A and
-    /// B slices padded by 8 halves along their run axis, one f32 scratch tile
-    /// per subgroup, which is left out where tiles go straight into C), for
-    /// the larger padding of either run axis.
-    pub fn workgroup_bytes(&self) -> u32 {
+    /// B slices padded by 8 halves along their run axis, for the larger
+    /// padding of either run axis; with `scratch`, one f32 scratch tile per
+    /// subgroup, which the core leaves out where tiles go straight into C).
+    pub fn workgroup_bytes(&self, scratch: bool) -> u32 {
         let (bm, bn, bk) = self.dims();
         let t = self.tile;
         let padded = |rows: u32, cols: u32| rows * cols + 8 * rows.max(cols);
-        (padded(bm, bk) + padded(bk, bn)) * 2 + self.subgroup_count() * t * (t + 4) * 4
+        let scratch_bytes = if scratch {
+            self.subgroup_count() * t * (t + 4) * 4
+        } else {
+            0
+        };
+        (padded(bm, bk) + padded(bk, bn)) * 2 + scratch_bytes
+    }
+
+    /// Whether the core stores C's tiles straight into it: C is one span
+    /// (`direct_span`, its `[rows, cols]`) that whole blocks tile.
+    pub fn stores_directly(&self, direct_span: Option<[usize; 2]>) -> bool {
+        let (bm, bn, _) = self.dims();
+        direct_span.is_some_and(|[rows, cols]| {
+            rows.is_multiple_of(bm as usize) && cols.is_multiple_of(bn as usize)
+        })
     }
 
     /// Whether this block runs on the adapter: a fixed subgroup size, the
-    /// invocation and workgroup-memory limits, and groups of 8 that tile the
-    /// staged slices exactly.
-    pub fn fits(&self, caps: &GpuCapabilities) -> std::result::Result<(), String> {
+    /// invocation and workgroup-memory limits (with `scratch` tiles or not),
+    /// and groups of 8 that tile the staged slices exactly.
+    pub fn fits(&self, caps: &GpuCapabilities, scratch: bool) -> std::result::Result<(), String> {
         let Some((min, max)) = caps.subgroup_size else {
             return Err("no subgroup support".into());
         };
@@ -79,7 +93,7 @@ impl CoopBlock {
         {
             return Err(format!("block {self}: {threads} invocations per workgroup"));
         }
-        let bytes = self.workgroup_bytes();
+        let bytes = self.workgroup_bytes(scratch);
         if bytes > caps.limits.max_compute_workgroup_storage_size {
             return Err(format!("block {self}: {bytes} bytes of workgroup memory"));
         }
@@ -91,12 +105,15 @@ impl CoopBlock {
 
     /// The block for `direction`'s GEMM at `tile` on this adapter: the tuning
     /// override when set, else the first of the rule's blocks that fits; an
-    /// error (the coop variant declines) when none does.
+    /// error (the coop variant declines) when none does. `direct_span` is C's
+    /// `[rows, cols]` where the kernel stores tiles straight into it (see
+    /// [`Self::stores_directly`]): blocks that do so need no scratch tiles.
     pub fn choose(
         tile: u32,
         direction: ConvDirection,
         [rows, cols]: [usize; 2],
         caps: &GpuCapabilities,
+        direct_span: Option<[usize; 2]>,
     ) -> Result<Self> {
         let pinned = match std::env::var(BLOCK_ENV) {
             Ok(text) => Self::from_env(tile, direction, &text).ok_or(AetherError::InvalidEnv {
@@ -109,11 +126,11 @@ impl CoopBlock {
         };
         let candidates = match pinned {
             Some(block) => vec![block],
-            None => Self::preferred(tile, direction, rows, cols),
+            None => Self::preferred(tile, direction, [rows, cols], direct_span),
         };
         let mut reasons = Vec::new();
         for block in candidates {
-            match block.fits(caps) {
+            match block.fits(caps, !block.stores_directly(direct_span)) {
                 Ok(()) if reasons.is_empty() => return Ok(block),
                 Ok(()) => {
                     warn_once(
@@ -139,8 +156,13 @@ impl CoopBlock {
 
     /// The blocks for `direction`'s `rows x cols` GEMM, best first: the
     /// measured rule, then smaller ones for adapters with less workgroup
-    /// memory or fewer invocations.
-    fn preferred(tile: u32, direction: ConvDirection, rows: usize, cols: usize) -> Vec<Self> {
+    /// memory or fewer invocations. `direct_span` as for [`Self::choose`].
+    fn preferred(
+        tile: u32,
+        direction: ConvDirection,
+        [rows, cols]: [usize; 2],
+        direct_span: Option<[usize; 2]>,
+    ) -> Vec<Self> {
         let block = |subgroups, tiles, k_tiles| Self {
             tile,
             subgroups,
@@ -154,15 +176,30 @@ impl CoopBlock {
         // 256-row blocks; dweight (a few hundred rows, a long split
         // reduction) 128 rows by its output width, 64 x 32 for the first
         // layer's 28 rows (entry 16). Shorter GEMMs at most 64 wide take
-        // 128 x 64 blocks with a 64-deep step (entry 20). The 4096^3 GEMM
-        // (entry 12) prefers 256 x 128 (forward, dinput) and 128 x 128 (dweight).
+        // 128 x 64 blocks with a 64-deep step (entry 20). GEMMs at least 256
+        // wide (the 4096^3 one, entry 62) take 16 subgroups of 2x4 tiles
+        // where they store straight into C (forward 128 x 256, dinput
+        // 256 x 128: too big with scratch tiles), else 128 x 128; dweight
+        // 64 x 128 over 8 subgroups.
         let t = tile as usize;
+        let direct = |block: Self, otherwise: Self| {
+            if block.stores_directly(direct_span) {
+                block
+            } else {
+                otherwise
+            }
+        };
         let narrow = cols <= 2 * t;
         let wide = cols >= 16 * t;
         let tall = rows >= 2048 * t;
         let rule = match direction {
             ConvDirection::Forward | ConvDirection::DInput if narrow => block([8, 2], [2, 1], 2),
-            ConvDirection::Forward | ConvDirection::DInput if wide => block([4, 2], [4, 4], 2),
+            ConvDirection::Forward if wide => {
+                direct(block([4, 4], [2, 4], 2), block([4, 4], [2, 2], 2))
+            }
+            ConvDirection::DInput if wide => {
+                direct(block([8, 2], [2, 4], 2), block([4, 4], [2, 2], 2))
+            }
             ConvDirection::Forward | ConvDirection::DInput if tall && cols <= 4 * t => {
                 block([8, 2], [2, 2], 2)
             }
@@ -172,7 +209,7 @@ impl CoopBlock {
             ConvDirection::Forward | ConvDirection::DInput => block([4, 4], [2, 2], 2),
             ConvDirection::DWeight if narrow && rows <= 4 * t => block([2, 2], [2, 1], 2),
             ConvDirection::DWeight if narrow => block([4, 2], [2, 1], 2),
-            ConvDirection::DWeight if wide => block([2, 2], [4, 4], 2),
+            ConvDirection::DWeight if wide => block([2, 4], [2, 2], 2),
             ConvDirection::DWeight if cols <= 4 * t => block([4, 2], [2, 2], 2),
             ConvDirection::DWeight => block([2, 4], [2, 2], 2),
         };
@@ -428,10 +465,32 @@ mod tests {
         };
         // A 64 x 32 and B 32 x 64 halves, each padded by 8 halves per row of
         // the longer run axis (64), and 4 scratch tiles of 16 x 20 f32.
-        assert_eq!(
-            block.workgroup_bytes(),
-            (64 * 40 + 32 * 80) * 2 + 4 * 16 * 20 * 4
-        );
+        let staged = (64 * 40 + 32 * 80) * 2;
+        assert_eq!(block.workgroup_bytes(true), staged + 4 * 16 * 20 * 4);
+        assert_eq!(block.workgroup_bytes(false), staged);
+    }
+
+    #[test]
+    fn blocks_storing_straight_into_c_need_no_scratch_room() {
+        let caps = crate::conv::halo::tests::caps();
+        let wide = CoopBlock::choose(16, ConvDirection::Forward, [4096, 4096], &caps, None);
+        // 16 subgroups of 2x4 tiles: 30 KiB staged, 20 KiB more of scratch.
+        let big = CoopBlock {
+            tile: 16,
+            subgroups: [4, 4],
+            tiles: [2, 4],
+            k_tiles: 2,
+        };
+        assert!(big.fits(&caps, false).is_ok());
+        let too_big = big.fits(&caps, true).unwrap_err();
+        assert!(too_big.contains("51200 bytes"), "{too_big}");
+        assert!(big.stores_directly(Some([4096, 4096])));
+        assert!(!big.stores_directly(Some([4096 + 16, 4096])));
+        assert!(!big.stores_directly(None));
+        assert_eq!(wide.unwrap().dims(), (128, 128, 32));
+        let direct = Some([4096, 4096]);
+        let wide = CoopBlock::choose(16, ConvDirection::Forward, [4096, 4096], &caps, direct);
+        assert_eq!(wide.unwrap(), big);
     }
 
     #[test]
@@ -468,7 +527,9 @@ mod tests {
 
     #[test]
     fn the_rule_follows_the_gemm_shape() {
-        let first = |direction, rows, cols| CoopBlock::preferred(16, direction, rows, cols)[0];
+        let first = |direction, rows, cols| {
+            CoopBlock::preferred(16, direction, [rows, cols], Some([rows, cols]))[0]
+        };
         // The v1 model's layers at batch 256, and the 4096^3 GEMM.
         assert_eq!(
             first(ConvDirection::Forward, 262_144, 32).dims(),
@@ -492,8 +553,15 @@ mod tests {
         );
         assert_eq!(
             first(ConvDirection::Forward, 4096, 4096).dims(),
+            (128, 256, 32)
+        );
+        assert_eq!(
+            first(ConvDirection::DInput, 4096, 4096).dims(),
             (256, 128, 32)
         );
+        // Through scratch, the wide GEMMs' blocks would not fit 48 KiB.
+        let through_scratch = CoopBlock::preferred(16, ConvDirection::DInput, [4096, 4096], None);
+        assert_eq!(through_scratch[0].dims(), (128, 128, 32));
         assert_eq!(first(ConvDirection::DWeight, 28, 32).dims(), (64, 32, 32));
         assert_eq!(first(ConvDirection::DWeight, 289, 32).dims(), (128, 32, 32));
         assert_eq!(first(ConvDirection::DWeight, 577, 64).dims(), (128, 64, 32));
@@ -503,10 +571,10 @@ mod tests {
         );
         assert_eq!(
             first(ConvDirection::DWeight, 4096, 4096).dims(),
-            (128, 128, 32)
+            (64, 128, 32)
         );
         // Every list ends in blocks of at most 256 invocations for smaller adapters.
-        let fallback = CoopBlock::preferred(16, ConvDirection::Forward, 1, 1);
+        let fallback = CoopBlock::preferred(16, ConvDirection::Forward, [1, 1], None);
         assert!(fallback[1..].iter().all(|b| b.subgroup_count() * 32 <= 256));
     }
 }

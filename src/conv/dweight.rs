@@ -92,8 +92,13 @@ pub(crate) fn conv2d_dweight_into(
             accepts_operand(variant, x)?;
             accepts_operand(variant, dy)?;
             let rows = meta.k + 1;
-            let mut plan =
-                ConvLaunchPlan::gemm(ConvDirection::DWeight, ctx, variant, [rows, meta.c_out, 1])?;
+            let mut plan = ConvLaunchPlan::gemm(
+                ConvDirection::DWeight,
+                ctx,
+                variant,
+                [rows, meta.c_out, 1],
+                (&KERNEL, &meta),
+            )?;
             let reduction_tiles = meta.m.div_ceil(plan.tile_k as usize) as u32;
             let mut split = split_k(
                 plan.workgroups[0] * plan.workgroups[1],

@@ -22,9 +22,10 @@ const KERNEL: ConvKernel = ConvKernel {
         direct_c: Some(DirectC {
             c: "y",
             bias: Some("bias"),
-            // Measured on the H200 (docs/perf-notes.md, entry 40): direct
-            // stores win up to 128 channels, lose 6% on the 4096-wide GEMM.
-            span: |m, t| (m.c_out < 16 * t).then_some([m.m, m.c_out]),
+            // Direct stores measured faster at every width: up to 128
+            // channels on the H200 (docs/perf-notes.md, entry 40), and on the
+            // 4096-wide GEMM with its 16-subgroup blocks on the H100 (entry 62).
+            span: |m, _| Some([m.m, m.c_out]),
         }),
     }),
     f32_inputs: &["x"],
@@ -71,6 +72,7 @@ pub fn conv2d_forward(
                 ctx,
                 variant,
                 [meta.m, meta.c_out, 1],
+                (&KERNEL, &meta),
             )?;
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.

@@ -28,7 +28,7 @@ pub const GROUPS_ENV: &str = "AETHER_HALO_GROUPS";
 /// workgroup that goes on to its next block fetches that block's halo while
 /// it multiplies the last step of the one before, where a fresh workgroup
 /// waits for its first halo with nothing to multiply.
-const GROUPS_PER_UNIT: u32 = 2;
+pub const GROUPS_PER_UNIT: u32 = 2;
 
 /// The blocks the rule tries, in order: (output positions, output-channel
 /// tiles, subgroups, columns of subgroups splitting the channel tiles). Swept
