@@ -177,28 +177,23 @@ impl CoopBlock {
         // reduction) 128 rows by its output width, 64 x 32 for the first
         // layer's 28 rows (entry 16). Shorter GEMMs at most 64 wide take
         // 128 x 64 blocks with a 64-deep step (entry 20). GEMMs at least 256
-        // wide (the 4096^3 one, entry 62) take 16 subgroups of 2x4 tiles
-        // where they store straight into C (forward 128 x 256, dinput
-        // 256 x 128: too big with scratch tiles), else 128 x 128; dweight
-        // 64 x 128 over 8 subgroups.
+        // wide (the 4096^3 one, entry 62): the forward 128 x 256 over 16
+        // subgroups of 2x4 tiles where it stores straight into C (too big
+        // with scratch tiles), else 128 x 128 like dinput; dweight 64 x 128
+        // over 8 subgroups.
         let t = tile as usize;
-        let direct = |block: Self, otherwise: Self| {
-            if block.stores_directly(direct_span) {
-                block
-            } else {
-                otherwise
-            }
-        };
         let narrow = cols <= 2 * t;
         let wide = cols >= 16 * t;
         let tall = rows >= 2048 * t;
         let rule = match direction {
             ConvDirection::Forward | ConvDirection::DInput if narrow => block([8, 2], [2, 1], 2),
             ConvDirection::Forward if wide => {
-                direct(block([4, 4], [2, 4], 2), block([4, 4], [2, 2], 2))
-            }
-            ConvDirection::DInput if wide => {
-                direct(block([8, 2], [2, 4], 2), block([4, 4], [2, 2], 2))
+                let sixteen_subgroups = block([4, 4], [2, 4], 2);
+                if sixteen_subgroups.stores_directly(direct_span) {
+                    sixteen_subgroups
+                } else {
+                    block([4, 4], [2, 2], 2)
+                }
             }
             ConvDirection::Forward | ConvDirection::DInput if tall && cols <= 4 * t => {
                 block([8, 2], [2, 2], 2)
@@ -557,10 +552,10 @@ mod tests {
         );
         assert_eq!(
             first(ConvDirection::DInput, 4096, 4096).dims(),
-            (256, 128, 32)
+            (128, 128, 32)
         );
-        // Through scratch, the wide GEMMs' blocks would not fit 48 KiB.
-        let through_scratch = CoopBlock::preferred(16, ConvDirection::DInput, [4096, 4096], None);
+        // Through scratch, the wide forward's block would not fit 48 KiB.
+        let through_scratch = CoopBlock::preferred(16, ConvDirection::Forward, [4096, 4096], None);
         assert_eq!(through_scratch[0].dims(), (128, 128, 32));
         assert_eq!(first(ConvDirection::DWeight, 28, 32).dims(), (64, 32, 32));
         assert_eq!(first(ConvDirection::DWeight, 289, 32).dims(), (128, 32, 32));

@@ -26,14 +26,13 @@ const KERNEL: ConvKernel = ConvKernel {
         fits: |m| [m.c_out % GEMM_RUN == 0; 2],
         // With stride 1 there is one residue class: its rows are dX's pixels.
         // Direct stores measured faster on the H200 for dX up to 2 tiles
-        // wide, slower at 4 tiles (docs/perf-notes.md, entry 40), faster at
-        // 256 tiles with a 16-subgroup block on the H100 (entry 62).
+        // wide, slower at 4 tiles (docs/perf-notes.md, entry 40), and on
+        // the 4096-wide GEMM on the H100 (entry 62).
         direct_c: Some(DirectC {
             c: "dx",
             bias: None,
             span: |m, t| {
-                let measured_faster = m.c_in <= 2 * t || m.c_in >= 16 * t;
-                ((m.stride_h, m.stride_w) == (1, 1) && measured_faster)
+                ((m.stride_h, m.stride_w) == (1, 1) && m.c_in <= 2 * t)
                     .then_some([m.n * m.h * m.w, m.c_in])
             },
         }),
