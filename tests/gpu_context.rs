@@ -125,10 +125,17 @@ fn pipeline_cache_is_persisted_and_a_corrupt_file_is_ignored_with_a_warning() {
         return;
     };
     let x = Tensor::from_f32(vec![3], vec![-1.0, 0.5, 2.0], &Device::Gpu(ctx.clone())).unwrap();
-    aether::ops::relu(&x).unwrap().to_vec_f32().unwrap();
-    let saved = std::fs::read(&path).expect("cache file written after a compile");
+    let y = aether::ops::relu(&x).unwrap();
+    // Written once the host waits for the GPU, not per compiled pipeline.
+    assert!(!path.exists(), "cache file written before any wait");
+    y.to_vec_f32().unwrap();
+    let saved = std::fs::read(&path).expect("cache file written after a compile and a wait");
     assert!(!saved.is_empty());
-    drop((x, ctx));
+    // A pipeline compiled with no wait after it is saved when the context goes.
+    std::fs::remove_file(&path).unwrap();
+    aether::ops::activation::relu_backward(&x, &x).unwrap();
+    drop((x, y, ctx));
+    assert!(path.exists(), "cache file written on drop");
 
     std::fs::write(&path, b"definitely not a pipeline cache").unwrap();
     let before = diagnostics::warnings().len();

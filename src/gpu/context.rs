@@ -180,6 +180,7 @@ impl GpuContext {
     fn idle_after_wait(&self) -> Result<()> {
         self.check_faults("wait")?;
         self.gpu_went_idle();
+        self.pipelines.save_if_changed();
         Ok(())
     }
 

@@ -3,12 +3,14 @@
 //! Compilation errors are caught with error scopes around both the shader module
 //! and the pipeline, announced once with an `[aether]` warning, remembered (no retry
 //! storm) and reported as `None` so the caller takes its next variant. Where the
-//! backend supports it, wgpu's `PipelineCache` data is persisted to disk.
+//! backend supports it, wgpu's `PipelineCache` data is persisted to disk: after
+//! the next wait for the GPU once pipelines were compiled, and on drop.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::caps::GpuCapabilities;
@@ -59,6 +61,14 @@ pub struct PipelineCache {
 struct DiskCache {
     path: PathBuf,
     cache: wgpu::PipelineCache,
+    /// Pipelines were compiled since the file was last written.
+    dirty: AtomicBool,
+}
+
+impl Drop for PipelineCache {
+    fn drop(&mut self) {
+        self.save_if_changed();
+    }
 }
 
 impl PipelineCache {
@@ -126,13 +136,24 @@ impl PipelineCache {
             }
         };
         entries.insert(key.clone(), compiled.clone());
-        drop(entries);
         if compiled.is_some()
             && let Some(disk) = &self.disk
         {
-            disk.save();
+            disk.dirty.store(true, Ordering::Relaxed);
         }
         compiled
+    }
+
+    /// Writes the driver cache to its file if pipelines were compiled since
+    /// it was last written. Called once the host has waited for the GPU (and
+    /// on drop), not per pipeline: each write serializes the whole cache, and
+    /// a first training step compiles dozens of pipelines.
+    pub fn save_if_changed(&self) {
+        if let Some(disk) = &self.disk
+            && disk.dirty.swap(false, Ordering::Relaxed)
+        {
+            disk.save();
+        }
     }
 
     /// The pipeline of a kernel that has no other variant to fall back to: a
@@ -273,7 +294,13 @@ impl DiskCache {
                 })
             };
             match pollster::block_on(scope.pop()) {
-                None => return Self { path, cache },
+                None => {
+                    return Self {
+                        path,
+                        cache,
+                        dirty: AtomicBool::new(false),
+                    };
+                }
                 Some(e) => {
                     warn_once(
                         &format!("cache-corrupt:{}", path.display()),
@@ -290,7 +317,11 @@ impl DiskCache {
                 fallback: true,
             })
         };
-        Self { path, cache }
+        Self {
+            path,
+            cache,
+            dirty: AtomicBool::new(false),
+        }
     }
 
     /// Writes the cache atomically (temp file + rename); failure only warns.
