@@ -13,6 +13,10 @@ summary() { grep -E '^coop16|time:|thrpt:' "$1" | grep -v '%' | tr -s ' ' | past
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # Most wanted first, should the machine be taken back: the step against PyTorch.
+# A short run first fills the pipeline cache: the second one's first step is the
+# warm-cache start (docs/perf-notes.md, entry 63).
+timeout 90 /tmp/b/cifar10_breakdown --repeats 5 > "$R/bd_cold.txt" 2>&1
+echo "cold cache: rc=$? $(grep 'first step' "$R/bd_cold.txt")"
 timeout 90 /tmp/b/cifar10_breakdown --repeats 50 > "$R/bd.txt" 2>&1
 echo "breakdown: rc=$?"; grep -vE "^\[aether\]|^ *$" "$R/bd.txt" | head -14
 timeout 200 python3 benches/pytorch_reference.py --repeats 30 > "$R/pt.txt" 2>&1
