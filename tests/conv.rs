@@ -4,9 +4,10 @@
 //! explicit padding, dilation, C_in = 3, channels not a multiple of the tile,
 //! M ending mid-tile, batch 1 and 7, and channel counts divisible by 8 (the
 //! coop core's run loads) on every operand, on the input only, on dy only,
-//! shapes whose blocks lie wholly inside C (stored straight from the
-//! coop core's accumulators, with the 16-subgroup block of wide forwards), and stride-1 shapes that the halo kernels of
-//! each direction must run on the coop variants.
+//! shapes whose blocks lie wholly inside C (stored straight from the coop
+//! core's accumulators, with the 16-subgroup block of wide forwards), and
+//! stride-1 shapes that the halo kernels of each direction must run on the
+//! coop variants.
 //!
 //! Bounds (norm-relative): f32 operands 1e-5; f16 operands 5e-3.
 
@@ -302,11 +303,11 @@ test_device!(
                         .is_some_and(|b| (plan.workgroups[0] as usize) < b.blocks(meta))
                 };
                 let y = conv2d_forward(&xt, &wt, &bt, &case.params, &plans).unwrap();
+                assert_eq!(y.dims(), meta.output_dims());
                 if case.name.contains("wide block") && coop {
                     let ran_wide = ran(ConvDirection::Forward, |_, p| runs_wide_block(p));
                     assert!(ran_wide, "forward {ctx}: not the wide block");
                 }
-                assert_eq!(y.dims(), meta.output_dims());
                 if case.name.contains("halo kernel") && coop {
                     let halo = ran(ConvDirection::Forward, |_, p| p.halo.is_some());
                     assert!(halo, "forward {ctx}: the halo kernel did not run");
