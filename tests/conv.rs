@@ -230,8 +230,9 @@ fn runs_wide_block(plan: &ConvLaunchPlan) -> bool {
 }
 
 /// Images enough for more halo blocks than the halo kernels launch
-/// workgroups ([`GROUPS_PER_UNIT`] per compute unit, where the adapter's count
-/// is known: 132 units on an H100, the threads on a CPU adapter), at least 32;
+/// workgroups (at most [`GROUPS_PER_UNIT`] per compute unit, where the
+/// adapter's count is known: 132 units on an H100, the threads on a CPU
+/// adapter), at least 32;
 /// `None` where the count is not known (one workgroup per block, no turns).
 fn turns_images(device: &Device) -> Option<usize> {
     let units = match device.gpu_context() {

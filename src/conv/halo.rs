@@ -27,7 +27,9 @@ pub const GROUPS_ENV: &str = "AETHER_HALO_GROUPS";
 /// 139.8 -> 157.2 TFLOP/s at 2 (155.7 at 1, 152.9 at 3, 156.3 at 4): a
 /// workgroup that goes on to its next block fetches that block's halo while
 /// it multiplies the last step of the one before, where a fresh workgroup
-/// waits for its first halo with nothing to multiply.
+/// waits for its first halo with nothing to multiply. Where that many would
+/// leave a workgroup a single block, fewer run, down to one per unit (see
+/// [`HaloBlock::grid`]).
 pub const GROUPS_PER_UNIT: u32 = 2;
 
 /// The blocks the rule tries, in order: (output positions, output-channel
@@ -94,15 +96,17 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
     }
 }
 
-/// The most workgroups a halo kernel launches: the tuning override, else
-/// [`GROUPS_PER_UNIT`] per compute unit where the adapter's count is known;
-/// `u32::MAX` (one workgroup per block) otherwise.
-fn max_groups(caps: &GpuCapabilities) -> u32 {
+/// The fewest and the most workgroups a halo kernel launches (where it has
+/// blocks for them): one and [`GROUPS_PER_UNIT`] per compute unit where the
+/// adapter's count is known; with the tuning override K, K per unit both
+/// (estimated where the count is not known); `u32::MAX` both (one workgroup
+/// per block) otherwise or with K = 0.
+fn group_bounds(caps: &GpuCapabilities) -> [u32; 2] {
     let per_unit = match std::env::var(GROUPS_ENV) {
         Err(_) => {
-            return caps
-                .known_compute_units()
-                .map_or(u32::MAX, |units| GROUPS_PER_UNIT * units);
+            return caps.known_compute_units().map_or([u32::MAX; 2], |units| {
+                [units, GROUPS_PER_UNIT.saturating_mul(units)]
+            });
         }
         Ok(text) => match text.trim().parse::<u32>() {
             Ok(per_unit) => per_unit,
@@ -118,10 +122,11 @@ fn max_groups(caps: &GpuCapabilities) -> u32 {
             }
         },
     };
-    match per_unit {
+    let groups = match per_unit {
         0 => u32::MAX,
         k => k.saturating_mul(caps.estimated_compute_units()),
-    }
+    };
+    [groups; 2]
 }
 
 /// `Ok` for a stride-1, undilated conv with more than one filter tap: the
@@ -263,8 +268,9 @@ pub struct HaloBlock {
     pub halo: [u32; 3],
     /// Rows of one step's taps: `taps_per_step` times the staged channels.
     pub tap_rows: u32,
-    /// Workgroups launched at most (each takes blocks this many apart).
-    pub max_groups: u32,
+    /// Workgroups launched, fewest and most, where there are blocks for them
+    /// (each takes blocks as many apart as there are workgroups).
+    pub groups: [u32; 2],
 }
 
 impl HaloBlock {
@@ -339,7 +345,7 @@ impl HaloBlock {
             taps_per_step,
             halo: [chunk, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             tap_rows: taps_per_step * chunk as u32,
-            max_groups: max_groups(caps),
+            groups: group_bounds(caps),
         };
         runs_subgroups(caps, subgroups)?;
         fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, HALO_ENV)?;
@@ -372,11 +378,17 @@ impl HaloBlock {
         meta.n * (meta.h_out / self.rows as usize) * (meta.w_out / self.cols as usize)
     }
 
-    /// Workgroups: over the blocks of positions (at most `max_groups`, each
-    /// taking every `max_groups`-th block), blocks of channels.
+    /// Workgroups: over the blocks of positions, blocks of channels. A
+    /// workgroup takes every n-th block of positions, n the workgroups along
+    /// them: as many as fit within `groups` while each takes two blocks, so
+    /// its second block's halo is fetched while it multiplies the first. On
+    /// an H100 the v1 model's 16 x 16 convs (256 blocks) ran 3-6% faster on
+    /// 132 workgroups than on 256 (docs/perf-notes.md, entry 64).
     pub fn grid(&self, meta: &ConvShapeMeta) -> [usize; 3] {
+        let blocks = self.blocks(meta);
+        let [fewest, most] = self.groups.map(|g| g as usize);
         [
-            self.blocks(meta).min(self.max_groups as usize),
+            blocks.div_ceil(2).clamp(fewest, most).min(blocks),
             meta.c_out / self.channels(),
             1,
         ]
@@ -486,7 +498,7 @@ pub(crate) mod tests {
             taps_per_step: 3,
             halo: [32, 6, 34],
             tap_rows: 96,
-            max_groups: u32::MAX,
+            groups: [u32::MAX; 2],
         };
         let src = block.core_source(TEMPLATE, 32, Some("bias"));
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
@@ -530,7 +542,8 @@ pub(crate) mod tests {
         let block = HaloBlock::fit(16, &large, &caps()).unwrap();
         assert_eq!(block.grid(&large), [block.blocks(&large), 1, 1]);
         // An H200's 132 units: 2 workgroups each over the large shape's
-        // 3584 blocks; the v1 32 -> 64 conv's 256 blocks one each.
+        // 3584 blocks; over the v1 32 -> 64 conv's 256 blocks one each, so
+        // that most take two blocks; 8 images' 8 blocks one workgroup each.
         let h200 = GpuCapabilities {
             adapter_name: "NVIDIA H200".into(),
             ..caps()
@@ -541,7 +554,12 @@ pub(crate) mod tests {
             (3584, [264, 1, 1])
         );
         let block = HaloBlock::fit(16, &conv3, &h200).unwrap();
-        assert_eq!(block.grid(&conv3), [256, 1, 1]);
+        assert_eq!(
+            (block.blocks(&conv3), block.grid(&conv3)),
+            (256, [132, 1, 1])
+        );
+        let few = meta([8, 16, 16, 32], 64);
+        assert_eq!(block.grid(&few), [8, 1, 1]);
     }
 
     #[test]
