@@ -3,9 +3,12 @@
 
 mod common;
 
-use aether::ops::dropout::{dropout, dropout_backward, philox4x32_10, spatial_dropout};
-use aether::{AetherError, Device, Tensor};
+use aether::ops::dropout::{
+    dropout, dropout_backward, philox4x32_10, spatial_dropout, spatial_dropout_as,
+};
+use aether::{AetherError, DType, Device, Tensor};
 use common::Rng;
+use half::f16;
 
 /// Philox4x32-10 written from Salmon et al., "Parallel random numbers: as easy
 /// as 1, 2, 3" (SC'11): ten rounds of two 32x32->64 multiplies, a Weyl key bump
@@ -208,6 +211,65 @@ test_device!(
             bits(&mask),
             "{context}"
         );
+    }
+);
+
+test_device!(
+    spatial_dropout_stores_f16_as_the_f32_product_rounded,
+    |device: &Device| {
+        // Odd maps (7 pixels a map: the last block of 8 pixels ends early),
+        // 12 channels (three lanes of four), values spread over f16's range
+        // and beyond it (inf), some below its smallest normal.
+        let mut rng = Rng::fresh();
+        let seed = rng.next_u64();
+        let step = rng.next_u64() as u32;
+        let [n, h, w, c] = [3, 7, 1, 12];
+        let len = n * h * w * c;
+        let scales = [1.0, 3e4, 1e-5, 1e5];
+        let data: Vec<f32> = rng
+            .vec(len)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * scales[i % 4])
+            .collect();
+        let dims = vec![n, h, w, c];
+        let x = Tensor::from_f32(dims.clone(), data, device).unwrap();
+        let context = format!("dropout seed {seed}, step {step}, rng seed {}", rng.seed);
+        for rate in [0.0, 0.45] {
+            let (want_y, want_mask) = spatial_dropout(&x, rate, seed, step).unwrap();
+            let (y, mask) = spatial_dropout_as(&x, rate, seed, step, DType::F16).unwrap();
+            assert_eq!((y.dtype(), mask.dtype()), (DType::F16, DType::F32));
+            let want: Vec<u16> = want_y
+                .to_vec_f32()
+                .unwrap()
+                .iter()
+                .map(|&v| f16::from_f32(v).to_bits())
+                .collect();
+            let got: Vec<u16> = y
+                .to_vec_f16()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            assert_eq!(got, want, "y at rate {rate} ({context})");
+            assert_eq!(
+                bits(&mask.to_vec_f32().unwrap()),
+                bits(&want_mask.to_vec_f32().unwrap()),
+                "mask at rate {rate} ({context})"
+            );
+            if rate > 0.0 {
+                // Dropped maps (+-0) and overflow to +-inf were both checked.
+                let has = |magnitude: u16| got.iter().any(|b| b & 0x7fff == magnitude);
+                assert!(has(0) && has(0x7c00), "{context}");
+            }
+        }
+        let x6 = Tensor::from_f32(vec![2, 3, 1, 6], rng.vec(36), device).unwrap();
+        match spatial_dropout_as(&x6, 0.5, 1, 2, DType::F16) {
+            Err(AetherError::InvalidShape { reason, .. }) => {
+                assert!(reason.contains("divide by 4"), "{reason}")
+            }
+            other => panic!("6 channels as F16: expected InvalidShape, got {other:?}"),
+        }
     }
 );
 

@@ -9,15 +9,21 @@
 // pixel, so spatial dropout runs Philox's ten rounds once per 8 pixels, not
 // per element: lane (map, pixel block, channel), adjacent lanes adjacent
 // channels, so the loads stay contiguous.
+// `main_f16`: `main` with y stored as f16 (f16_bits.wgsl, bit-exact with
+// half::f16::from_f32 of the f32 product), for a conv that rounds its input
+// to f16 anyway; an invocation takes four adjacent channels (C % 4 == 0, the
+// host checks), so it writes whole 8-byte words of y.
 // `backward`: dx[i] = dy[i] * mask[i].
 //
-// Both entry points bind input at 0, the mask at 1 (written by `main`, read by
-// `backward`) and output at 2, and share one uniform block.
+// The entry points bind input at 0, the mask at 1 (written by `main` and
+// `main_f16`, read by `backward`) and output at 2, and share one uniform block.
 
 @group(0) @binding(0) var<storage, read> input: array<f32>;
 @group(0) @binding(1) var<storage, read_write> mask_out: array<f32>;
 @group(0) @binding(1) var<storage, read> mask_in: array<f32>;
 @group(0) @binding(2) var<storage, read_write> output: array<f32>;
+// Four f16s of y a word pair, element 4i + 2j in the low half of word j.
+@group(0) @binding(2) var<storage, read_write> output_f16: array<vec2<u32>>;
 
 struct Params {
     len: u32,
@@ -30,7 +36,8 @@ struct Params {
     stream: u32,
     channels: u32,
     map_span: u32,
-    // Invocations per map: ceil(pixels / PIXELS_PER_DRAW) * channels.
+    // Invocations per map: ceil(pixels / PIXELS_PER_DRAW) * channels (a
+    // quarter of that for `main_f16`).
     map_lanes: u32,
 }
 @group(0) @binding(3) var<uniform> params: Params;
@@ -62,6 +69,39 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let i = map * params.map_span + p * params.channels + c;
         mask_out[i] = m;
         output[i] = input[i] * m;
+    }
+}
+
+@compute @workgroup_size(256)
+fn main_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let lane = gid.x + gid.y * params.row_stride;
+    if (lane >= params.len) {
+        return;
+    }
+    let quads = params.channels / 4u;
+    let map = lane / params.map_lanes;
+    let c = lane % quads * 4u;
+    let first_pixel = (lane % params.map_lanes) / quads * PIXELS_PER_DRAW;
+    let pixels = params.map_span / params.channels;
+    var m = vec4(params.scale);
+    if (params.drop_threshold != 0u) {
+        for (var k = 0u; k < 4u; k++) {
+            let bits = philox_lane0(
+                vec4<u32>(map * params.channels + c + k, params.step, params.stream, 0u),
+                vec2<u32>(params.key0, params.key1),
+            );
+            m[k] = select(params.scale, 0.0, bits < params.drop_threshold);
+        }
+    }
+    let end = min(first_pixel + PIXELS_PER_DRAW, pixels);
+    for (var p = first_pixel; p < end; p++) {
+        let i = map * params.map_span + p * params.channels + c;
+        let y = vec4(input[i], input[i + 1u], input[i + 2u], input[i + 3u]) * m;
+        for (var k = 0u; k < 4u; k++) {
+            mask_out[i + k] = m[k];
+        }
+        let h = f16_bits4(bitcast<vec4<u32>>(y));
+        output_f16[i / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
     }
 }
 

@@ -4,15 +4,31 @@
 use super::{Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
 use crate::error::Result;
-use crate::ops::dropout::{dropout, dropout_backward, spatial_dropout};
-use crate::tensor::Tensor;
+use crate::ops::dropout::{dropout, dropout_backward, spatial_dropout_as};
+use crate::tensor::{DType, Tensor};
+
+/// Elementwise dropout has no f16 output: `y` is always F32.
+fn dropout_as(
+    x: &Tensor,
+    rate: f32,
+    seed: u64,
+    step: u32,
+    _output: DType,
+) -> Result<(Tensor, Tensor)> {
+    dropout(x, rate, seed, step)
+}
 
 macro_rules! dropout_layer {
-    ($name:ident, $spec:ident, $op:ident, $doc:literal) => {
+    ($name:ident, $spec:ident, $op:ident, $f16_output:literal, $doc:literal) => {
         #[doc = $doc]
         pub struct $name {
             pub rate: f32,
             seed: u64,
+            /// Channels of the input (its last dimension), from `build`.
+            channels: usize,
+            /// How the training forward stores `y` (see
+            /// `Layer::output_rounded_to_f16`).
+            output: DType,
             mask: Option<Tensor>,
         }
 
@@ -21,6 +37,8 @@ macro_rules! dropout_layer {
                 Self {
                     rate,
                     seed: 0,
+                    channels: 0,
+                    output: DType::F32,
                     mask: None,
                 }
             }
@@ -38,14 +56,24 @@ macro_rules! dropout_layer {
                 _device: &Device,
             ) -> Result<Vec<usize>> {
                 self.seed = seed;
+                self.channels = input.last().copied().unwrap_or(0);
                 Ok(input.to_vec())
+            }
+
+            /// In training, `y` goes out as f16 where the kernel can store
+            /// it so (spatial dropout over channels in fours); evaluation
+            /// passes the input through.
+            fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
+                let f16 = $f16_output && rounded && self.channels.is_multiple_of(4);
+                self.output = if f16 { DType::F16 } else { DType::F32 };
+                f16
             }
 
             fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
                 let Mode::Train { seed, step } = mode else {
                     return Ok(x.clone());
                 };
-                let (y, mask) = $op(x, self.rate, seed ^ self.seed, step)?;
+                let (y, mask) = $op(x, self.rate, seed ^ self.seed, step, self.output)?;
                 self.mask = Some(mask);
                 Ok(y)
             }
@@ -67,12 +95,14 @@ macro_rules! dropout_layer {
 dropout_layer!(
     Dropout,
     Dropout,
-    dropout,
+    dropout_as,
+    false,
     "Inverted dropout of single elements."
 );
 dropout_layer!(
     SpatialDropout,
     SpatialDropout,
-    spatial_dropout,
+    spatial_dropout_as,
+    true,
     "Inverted dropout of whole feature maps (one draw per sample and channel)."
 );

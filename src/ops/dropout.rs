@@ -18,6 +18,7 @@
 //!   kept with probability `1 - rate` (to within 2^-33), and the mask value is
 //!   then `0`, else `1 / (1 - rate)` computed in f32; `y = x * mask` in f32.
 
+use half::f16;
 use rayon::prelude::*;
 
 use super::activation::{check_operands, elementwise_grid, elementwise_pipeline, gpu_elementwise};
@@ -26,6 +27,7 @@ use crate::tensor::{DType, Tensor};
 
 const SHADER: &str = concat!(
     include_str!("../../shaders/ops/philox.wgsl"),
+    include_str!("../../shaders/conv/f16_bits.wgsl"),
     include_str!("../../shaders/ops/dropout.wgsl")
 );
 
@@ -83,21 +85,45 @@ pub fn dropout(x: &Tensor, rate: f32, seed: u64, step: u32) -> Result<(Tensor, T
 /// pixels are strongly correlated. The mask has `x`'s shape (constant over h, w);
 /// otherwise as [`dropout`].
 pub fn spatial_dropout(x: &Tensor, rate: f32, seed: u64, step: u32) -> Result<(Tensor, Tensor)> {
-    check_operands("spatial_dropout", &[x])?;
-    let [_, h, w, c] = x.shape().nhwc("spatial_dropout")?;
+    spatial_dropout_as(x, rate, seed, step, DType::F32)
+}
+
+/// [`spatial_dropout`] with `y` stored as `output`: F32, or F16 rounded as
+/// `half::f16::from_f32` of the F32 result (for a conv that rounds its input
+/// to f16 anyway: the same values in half the bytes, and no cast). F16 needs
+/// a channel count that divides by 4; at rate 0 it is `x` rounded. The mask
+/// stays F32.
+pub fn spatial_dropout_as(
+    x: &Tensor,
+    rate: f32,
+    seed: u64,
+    step: u32,
+    output: DType,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "spatial_dropout";
+    check_operands(OP, &[x])?;
+    let [_, h, w, c] = x.shape().nhwc(OP)?;
+    let f16_output = match output {
+        DType::F32 => false,
+        DType::F16 if c.is_multiple_of(4) => true,
+        _ => {
+            return Err(AetherError::InvalidShape {
+                op: OP,
+                shape: x.dims().to_vec(),
+                reason: format!(
+                    "output {output:?}: F32, or F16 where the channels divide by 4 ({c} here)"
+                ),
+            });
+        }
+    };
     // `check_operands` bounds the element count by u32, and so these.
     let (channels, map_span) = (c as u32, (h * w * c) as u32);
-    let plan = MaskPlan::new(
-        "spatial_dropout",
-        x,
-        rate,
-        seed,
-        step,
-        SPATIAL_STREAM,
-        channels,
-        map_span,
-    )?;
-    masked(x, rate, &plan)
+    let plan = MaskPlan::new(OP, x, rate, seed, step, SPATIAL_STREAM, channels, map_span)?;
+    if f16_output {
+        masked_f16(x, &plan)
+    } else {
+        masked(x, rate, &plan)
+    }
 }
 
 /// Dropout's gradient: `dx = dy * mask`, with the mask from the forward pass.
@@ -182,15 +208,16 @@ impl MaskPlan {
             .collect()
     }
 
-    /// Invocations per map of the forward kernel: one per channel and block of
-    /// [`PIXELS_PER_DRAW`] pixels.
-    fn map_lanes(&self) -> u32 {
+    /// Invocations per map of the forward kernel: one per `channels_each`
+    /// channels and block of [`PIXELS_PER_DRAW`] pixels.
+    fn map_lanes(&self, channels_each: u32) -> u32 {
         let pixels = self.map_span / self.channels;
-        pixels.div_ceil(PIXELS_PER_DRAW) * self.channels
+        pixels.div_ceil(PIXELS_PER_DRAW) * (self.channels / channels_each)
     }
 
-    /// The forward kernel's uniform block, for `lanes` invocations.
-    fn gpu_params(&self, lanes: u32, row_stride: u32) -> [u32; 11] {
+    /// The forward kernel's uniform block, for `lanes` invocations of
+    /// `channels_each` channels.
+    fn gpu_params(&self, lanes: u32, row_stride: u32, channels_each: u32) -> [u32; 11] {
         [
             lanes,
             row_stride,
@@ -202,7 +229,7 @@ impl MaskPlan {
             self.stream,
             self.channels,
             self.map_span,
-            self.map_lanes(),
+            self.map_lanes(channels_each),
         ]
     }
 }
@@ -225,9 +252,9 @@ fn masked(x: &Tensor, rate: f32, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
     let mask = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let maps = x.numel() / plan.map_span as usize;
-    let lanes = maps * plan.map_lanes() as usize;
+    let lanes = maps * plan.map_lanes(1) as usize;
     let (grid, row_stride) = elementwise_grid(ctx, lanes);
-    let params = plan.gpu_params(lanes as u32, row_stride);
+    let params = plan.gpu_params(lanes as u32, row_stride, 1);
     ctx.dispatch(
         "dropout",
         &pipeline,
@@ -240,4 +267,42 @@ fn masked(x: &Tensor, rate: f32, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
         grid,
     )?;
     Ok((if rate == 0.0 { x.clone() } else { y }, mask))
+}
+
+/// `(x * mask, mask)` with the product stored as f16, for an f32 NHWC `x`
+/// already checked whose channels divide by 4.
+fn masked_f16(x: &Tensor, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
+    if let Some(xs) = x.host_f32() {
+        let device = x.device();
+        let mask = plan.host_mask(xs.len());
+        let y = xs
+            .par_iter()
+            .zip(&mask)
+            .map(|(&v, &m)| f16::from_f32(v * m))
+            .collect();
+        return Ok((
+            Tensor::from_f16(x.dims().to_vec(), y, &device)?,
+            Tensor::from_f32(x.dims().to_vec(), mask, &device)?,
+        ));
+    }
+    let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
+    let pipeline = elementwise_pipeline(ctx, "dropout_f16", "main_f16", SHADER)?;
+    let mask = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
+    let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F16)?;
+    let maps = x.numel() / plan.map_span as usize;
+    let lanes = maps * plan.map_lanes(4) as usize;
+    let (grid, row_stride) = elementwise_grid(ctx, lanes);
+    let params = plan.gpu_params(lanes as u32, row_stride, 4);
+    ctx.dispatch(
+        "dropout",
+        &pipeline,
+        &[
+            x.gpu_slice().expect("GPU"),
+            mask.gpu_slice().expect("GPU"),
+            y.gpu_slice().expect("GPU"),
+        ],
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok((y, mask))
 }
