@@ -217,50 +217,58 @@ test_device!(
 test_device!(
     spatial_dropout_stores_f16_as_the_f32_product_rounded,
     |device: &Device| {
-        // Odd maps (7 pixels a map: the last block of 8 pixels ends early),
-        // 12 channels (three lanes of four), values spread over f16's range
-        // and beyond it (inf), some below its smallest normal.
+        // Values spread over f16's range and beyond it (inf), some below its
+        // smallest normal. Shapes: maps of 7 pixels (the last lane of 4
+        // pixels ends early); 900 lanes of 9-pixel maps (workgroups whose
+        // lanes straddle maps, sharing a table of their maps' draws); 36 and
+        // 2048 channels of one pixel (a workgroup's maps need more than the
+        // table's 1024 draws, so each lane draws its own).
         let mut rng = Rng::fresh();
         let seed = rng.next_u64();
         let step = rng.next_u64() as u32;
-        let [n, h, w, c] = [3, 7, 1, 12];
-        let len = n * h * w * c;
-        let scales = [1.0, 3e4, 1e-5, 1e5];
-        let data: Vec<f32> = rng
-            .vec(len)
-            .iter()
-            .enumerate()
-            .map(|(i, v)| v * scales[i % 4])
-            .collect();
-        let dims = vec![n, h, w, c];
-        let x = Tensor::from_f32(dims.clone(), data, device).unwrap();
         let context = format!("dropout seed {seed}, step {step}, rng seed {}", rng.seed);
-        for rate in [0.0, 0.45] {
-            let (want_y, want_mask) = spatial_dropout(&x, rate, seed, step).unwrap();
-            let (y, mask) = spatial_dropout_as(&x, rate, seed, step, DType::F16).unwrap();
-            assert_eq!((y.dtype(), mask.dtype()), (DType::F16, DType::F32));
-            let want: Vec<u16> = want_y
-                .to_vec_f32()
-                .unwrap()
+        let scales = [1.0, 3e4, 1e-5, 1e5];
+        for dims in [
+            [3, 7, 1, 12],
+            [100, 3, 3, 12],
+            [64, 1, 1, 36],
+            [2, 1, 1, 2048],
+        ] {
+            let len = dims.iter().product();
+            let data: Vec<f32> = rng
+                .vec(len)
                 .iter()
-                .map(|&v| f16::from_f32(v).to_bits())
+                .enumerate()
+                .map(|(i, v)| v * scales[i % 4])
                 .collect();
-            let got: Vec<u16> = y
-                .to_vec_f16()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect();
-            assert_eq!(got, want, "y at rate {rate} ({context})");
-            assert_eq!(
-                bits(&mask.to_vec_f32().unwrap()),
-                bits(&want_mask.to_vec_f32().unwrap()),
-                "mask at rate {rate} ({context})"
-            );
-            if rate > 0.0 {
-                // Dropped maps (+-0) and overflow to +-inf were both checked.
-                let has = |magnitude: u16| got.iter().any(|b| b & 0x7fff == magnitude);
-                assert!(has(0) && has(0x7c00), "{context}");
+            let x = Tensor::from_f32(dims.to_vec(), data, device).unwrap();
+            for rate in [0.0, 0.45] {
+                let (want_y, want_mask) = spatial_dropout(&x, rate, seed, step).unwrap();
+                let (y, mask) = spatial_dropout_as(&x, rate, seed, step, DType::F16).unwrap();
+                assert_eq!((y.dtype(), mask.dtype()), (DType::F16, DType::F32));
+                let want: Vec<u16> = want_y
+                    .to_vec_f32()
+                    .unwrap()
+                    .iter()
+                    .map(|&v| f16::from_f32(v).to_bits())
+                    .collect();
+                let got: Vec<u16> = y
+                    .to_vec_f16()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect();
+                assert_eq!(got, want, "y of {dims:?} at rate {rate} ({context})");
+                assert_eq!(
+                    bits(&mask.to_vec_f32().unwrap()),
+                    bits(&want_mask.to_vec_f32().unwrap()),
+                    "mask of {dims:?} at rate {rate} ({context})"
+                );
+                if rate > 0.0 {
+                    // Dropped maps (+-0) and overflow to +-inf were both checked.
+                    let has = |magnitude: u16| got.iter().any(|b| b & 0x7fff == magnitude);
+                    assert!(has(0) && has(0x7c00), "{dims:?} ({context})");
+                }
             }
         }
         let x6 = Tensor::from_f32(vec![2, 3, 1, 6], rng.vec(36), device).unwrap();

@@ -11,15 +11,19 @@
 // channels, so the loads stay contiguous.
 // `main_f16`: `main` with y stored as f16 (f16_bits.wgsl, bit-exact with
 // half::f16::from_f32 of the f32 product), for a conv that rounds its input
-// to f16 anyway; an invocation takes four adjacent channels (C % 4 == 0, the
-// host checks), so it writes whole 8-byte words of y.
+// to f16 anyway. An invocation takes four adjacent channels (C % 4 == 0, the
+// host checks) of PIXELS_PER_LANE_F16 pixels, so it moves whole 16-byte words
+// of x and the mask and 8-byte words of y, and enough invocations run to hide
+// their loads' latency.
 // `backward`: dx[i] = dy[i] * mask[i].
 //
 // The entry points bind input at 0, the mask at 1 (written by `main` and
 // `main_f16`, read by `backward`) and output at 2, and share one uniform block.
 
 @group(0) @binding(0) var<storage, read> input: array<f32>;
+@group(0) @binding(0) var<storage, read> input4: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read_write> mask_out: array<f32>;
+@group(0) @binding(1) var<storage, read_write> mask_out4: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> mask_in: array<f32>;
 @group(0) @binding(2) var<storage, read_write> output: array<f32>;
 // Four f16s of y a word pair, element 4i + 2j in the low half of word j.
@@ -36,14 +40,15 @@ struct Params {
     stream: u32,
     channels: u32,
     map_span: u32,
-    // Invocations per map: ceil(pixels / PIXELS_PER_DRAW) * channels (a
-    // quarter of that for `main_f16`).
+    // Invocations per map: ceil(pixels / PIXELS_PER_DRAW) * channels
+    // (ceil(pixels / PIXELS_PER_LANE_F16) * channels / 4 for `main_f16`).
     map_lanes: u32,
 }
 @group(0) @binding(3) var<uniform> params: Params;
 
 
 const PIXELS_PER_DRAW: u32 = 8u;
+const PIXELS_PER_LANE_F16: u32 = 4u;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -72,36 +77,64 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
+// Mask values of the (map, channel) draws a workgroup of `main_f16` needs, each
+// drawn once (lane by lane, every invocation would repeat its four channels'
+// draws for every few pixels): those of the maps its lanes touch, where they
+// fit; else each invocation draws its own.
+const SHARED_DRAWS: u32 = 1024u;
+var<workgroup> shared_mask: array<f32, SHARED_DRAWS>;
+
+fn mask_value(draw: u32) -> f32 {
+    if (params.drop_threshold == 0u) {
+        return params.scale;
+    }
+    let bits = philox_lane0(
+        vec4<u32>(draw, params.step, params.stream, 0u),
+        vec2<u32>(params.key0, params.key1),
+    );
+    return select(params.scale, 0.0, bits < params.drop_threshold);
+}
+
 @compute @workgroup_size(256)
-fn main_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let lane = gid.x + gid.y * params.row_stride;
+fn main_f16(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let first_lane = (wid.x + wid.y * (params.row_stride / 256u)) * 256u;
+    let lane = first_lane + lidx;
+    let first_map = first_lane / params.map_lanes;
+    let last_map = (min(first_lane + 255u, params.len - 1u)) / params.map_lanes;
+    let draws = (last_map - first_map + 1u) * params.channels;
+    let tabled = draws <= SHARED_DRAWS;
+    if (tabled) {
+        for (var j = lidx; j < draws; j += 256u) {
+            shared_mask[j] = mask_value(first_map * params.channels + j);
+        }
+    }
+    workgroupBarrier();
     if (lane >= params.len) {
         return;
     }
     let quads = params.channels / 4u;
     let map = lane / params.map_lanes;
     let c = lane % quads * 4u;
-    let first_pixel = (lane % params.map_lanes) / quads * PIXELS_PER_DRAW;
+    let first_pixel = (lane % params.map_lanes) / quads * PIXELS_PER_LANE_F16;
     let pixels = params.map_span / params.channels;
-    var m = vec4(params.scale);
-    if (params.drop_threshold != 0u) {
-        for (var k = 0u; k < 4u; k++) {
-            let bits = philox_lane0(
-                vec4<u32>(map * params.channels + c + k, params.step, params.stream, 0u),
-                vec2<u32>(params.key0, params.key1),
-            );
-            m[k] = select(params.scale, 0.0, bits < params.drop_threshold);
+    let draw = map * params.channels + c;
+    var m: vec4<f32>;
+    for (var k = 0u; k < 4u; k++) {
+        if (tabled) {
+            m[k] = shared_mask[draw + k - first_map * params.channels];
+        } else {
+            m[k] = mask_value(draw + k);
         }
     }
-    let end = min(first_pixel + PIXELS_PER_DRAW, pixels);
+    let end = min(first_pixel + PIXELS_PER_LANE_F16, pixels);
     for (var p = first_pixel; p < end; p++) {
-        let i = map * params.map_span + p * params.channels + c;
-        let y = vec4(input[i], input[i + 1u], input[i + 2u], input[i + 3u]) * m;
-        for (var k = 0u; k < 4u; k++) {
-            mask_out[i + k] = m[k];
-        }
-        let h = f16_bits4(bitcast<vec4<u32>>(y));
-        output_f16[i / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
+        let i4 = (map * params.map_span + p * params.channels + c) / 4u;
+        mask_out4[i4] = m;
+        let h = f16_bits4(bitcast<vec4<u32>>(input4[i4] * m));
+        output_f16[i4] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
     }
 }
 

@@ -34,6 +34,9 @@ const SHADER: &str = concat!(
 /// Pixels of one spatial-dropout map that one GPU invocation masks with one
 /// draw (`PIXELS_PER_DRAW` in dropout.wgsl).
 const PIXELS_PER_DRAW: u32 = 8;
+/// Pixels one invocation of the f16-output kernel masks, four channels each
+/// (`PIXELS_PER_LANE_F16` in dropout.wgsl).
+const PIXELS_PER_LANE_F16: u32 = 4;
 
 /// The counter's third word for elementwise [`dropout`].
 pub const ELEMENT_STREAM: u32 = 0;
@@ -209,15 +212,15 @@ impl MaskPlan {
     }
 
     /// Invocations per map of the forward kernel: one per `channels_each`
-    /// channels and block of [`PIXELS_PER_DRAW`] pixels.
-    fn map_lanes(&self, channels_each: u32) -> u32 {
+    /// channels and `pixels_each` pixels.
+    fn map_lanes(&self, [channels_each, pixels_each]: [u32; 2]) -> u32 {
         let pixels = self.map_span / self.channels;
-        pixels.div_ceil(PIXELS_PER_DRAW) * (self.channels / channels_each)
+        pixels.div_ceil(pixels_each) * (self.channels / channels_each)
     }
 
-    /// The forward kernel's uniform block, for `lanes` invocations of
-    /// `channels_each` channels.
-    fn gpu_params(&self, lanes: u32, row_stride: u32, channels_each: u32) -> [u32; 11] {
+    /// The forward kernel's uniform block, for `lanes` invocations, each of
+    /// `lane` = (channels, pixels).
+    fn gpu_params(&self, lanes: u32, row_stride: u32, lane: [u32; 2]) -> [u32; 11] {
         [
             lanes,
             row_stride,
@@ -229,7 +232,7 @@ impl MaskPlan {
             self.stream,
             self.channels,
             self.map_span,
-            self.map_lanes(channels_each),
+            self.map_lanes(lane),
         ]
     }
 }
@@ -252,9 +255,10 @@ fn masked(x: &Tensor, rate: f32, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
     let mask = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let maps = x.numel() / plan.map_span as usize;
-    let lanes = maps * plan.map_lanes(1) as usize;
+    let lane = [1, PIXELS_PER_DRAW];
+    let lanes = maps * plan.map_lanes(lane) as usize;
     let (grid, row_stride) = elementwise_grid(ctx, lanes);
-    let params = plan.gpu_params(lanes as u32, row_stride, 1);
+    let params = plan.gpu_params(lanes as u32, row_stride, lane);
     ctx.dispatch(
         "dropout",
         &pipeline,
@@ -290,9 +294,10 @@ fn masked_f16(x: &Tensor, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
     let mask = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F16)?;
     let maps = x.numel() / plan.map_span as usize;
-    let lanes = maps * plan.map_lanes(4) as usize;
+    let lane = [4, PIXELS_PER_LANE_F16];
+    let lanes = maps * plan.map_lanes(lane) as usize;
     let (grid, row_stride) = elementwise_grid(ctx, lanes);
-    let params = plan.gpu_params(lanes as u32, row_stride, 4);
+    let params = plan.gpu_params(lanes as u32, row_stride, lane);
     ctx.dispatch(
         "dropout",
         &pipeline,
