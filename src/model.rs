@@ -183,7 +183,8 @@ impl Model {
 
     /// Whether a layer whose output the next layer rounds to f16 anyway (a
     /// conv with f16 kernels, on a GPU) writes it as f16 where it can
-    /// (BatchNorm), and whether a layer whose input gradient the layer before
+    /// (BatchNorm; SpatialDropout in training, over channels in fours), and
+    /// whether a layer whose input gradient the layer before
     /// rounds to f16 anyway (such a conv again, clipping to +-65504) returns
     /// it that way: bit-identical operands for the conv in half the bytes, and
     /// no casts of its own. The one difference: the fused ReLU's gradient is
