@@ -250,26 +250,7 @@ fn masked(x: &Tensor, rate: f32, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
         };
         return Ok((y, Tensor::from_f32(x.dims().to_vec(), mask, &device)?));
     }
-    let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
-    let pipeline = elementwise_pipeline(ctx, "dropout", "main", SHADER)?;
-    let mask = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
-    let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
-    let maps = x.numel() / plan.map_span as usize;
-    let lane = [1, PIXELS_PER_DRAW];
-    let lanes = maps * plan.map_lanes(lane) as usize;
-    let (grid, row_stride) = elementwise_grid(ctx, lanes);
-    let params = plan.gpu_params(lanes as u32, row_stride, lane);
-    ctx.dispatch(
-        "dropout",
-        &pipeline,
-        &[
-            x.gpu_slice().expect("GPU"),
-            mask.gpu_slice().expect("GPU"),
-            y.gpu_slice().expect("GPU"),
-        ],
-        bytemuck::cast_slice(&params),
-        grid,
-    )?;
+    let (y, mask) = gpu_masked(x, plan, DType::F32)?;
     Ok((if rate == 0.0 { x.clone() } else { y }, mask))
 }
 
@@ -289,12 +270,22 @@ fn masked_f16(x: &Tensor, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
             Tensor::from_f32(x.dims().to_vec(), mask, &device)?,
         ));
     }
+    gpu_masked(x, plan, DType::F16)
+}
+
+/// Records the forward kernel over GPU `x`: `(y, mask)` with `y` as F32
+/// (`main`, one channel of [`PIXELS_PER_DRAW`] pixels an invocation) or F16
+/// (`main_f16`, four channels of [`PIXELS_PER_LANE_F16`] pixels).
+fn gpu_masked(x: &Tensor, plan: &MaskPlan, output: DType) -> Result<(Tensor, Tensor)> {
     let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
-    let pipeline = elementwise_pipeline(ctx, "dropout_f16", "main_f16", SHADER)?;
+    let (kernel, entry, lane) = match output {
+        DType::F16 => ("dropout_f16", "main_f16", [4, PIXELS_PER_LANE_F16]),
+        _ => ("dropout", "main", [1, PIXELS_PER_DRAW]),
+    };
+    let pipeline = elementwise_pipeline(ctx, kernel, entry, SHADER)?;
     let mask = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
-    let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F16)?;
+    let y = Tensor::uninit_gpu(ctx, x.shape().clone(), output)?;
     let maps = x.numel() / plan.map_span as usize;
-    let lane = [4, PIXELS_PER_LANE_F16];
     let lanes = maps * plan.map_lanes(lane) as usize;
     let (grid, row_stride) = elementwise_grid(ctx, lanes);
     let params = plan.gpu_params(lanes as u32, row_stride, lane);
