@@ -4,7 +4,7 @@
 //!
 //!     cargo run --release --example cifar10_breakdown -- \
 //!         [--batch-size 256] [--repeats 30] [--device auto|gpu|cpu] [--json PATH]
-//!         [--f32-activations]
+//!         [--f32-activations] [--separate-dropout]
 //!
 //! - ms/step: the median over `--repeats` steps of upload + record + submit +
 //!   wait, each step synchronised on its own (what a caller of `train_batch`
@@ -22,8 +22,9 @@
 //!   with the largest cost named.
 //!
 //! `--f32-activations` keeps every activation f32 (`Model::f16_activations(false)`),
-//! to measure what the f16 ones save. On the CPU path only the step time is
-//! measured (no timestamps there).
+//! to measure what the f16 ones save; `--separate-dropout` runs each
+//! SpatialDropout as its own layer (`Model::fuse_dropout(false)`). On the CPU
+//! path only the step time is measured (no timestamps there).
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -35,7 +36,7 @@ use aether::{Device, Model, Result};
 use serde::Serialize;
 
 const USAGE: &str = "usage: cifar10_breakdown [--batch-size N] [--repeats N] \
-                     [--device auto|gpu|cpu] [--json PATH] [--f32-activations]";
+                     [--device auto|gpu|cpu] [--json PATH] [--f32-activations] [--separate-dropout]";
 
 struct Args {
     batch: usize,
@@ -43,6 +44,7 @@ struct Args {
     device: Option<DevicePreference>,
     json: Option<String>,
     f16_activations: bool,
+    fuse_dropout: bool,
 }
 
 impl Args {
@@ -53,6 +55,7 @@ impl Args {
             device: None,
             json: None,
             f16_activations: true,
+            fuse_dropout: true,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
@@ -74,6 +77,7 @@ impl Args {
                 }
                 "--json" => args.json = Some(value()?),
                 "--f32-activations" => args.f16_activations = false,
+                "--separate-dropout" => args.fuse_dropout = false,
                 "--help" | "-h" => return Err(USAGE.into()),
                 other => return Err(format!("unknown option {other:?}\n{USAGE}")),
             }
@@ -153,7 +157,9 @@ fn run(args: &Args) -> Result<()> {
     println!("{adapter}");
     let batch = args.batch;
     let (x, y) = synthetic_images(batch, 32, 32, 1);
-    let mut model = aether::zoo::cifar10_v1(1).f16_activations(args.f16_activations);
+    let mut model = aether::zoo::cifar10_v1(1)
+        .f16_activations(args.f16_activations)
+        .fuse_dropout(args.fuse_dropout);
     model.to(&device)?;
     model.finalize(&[32, 32, 3])?;
     println!(

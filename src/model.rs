@@ -120,7 +120,9 @@ pub struct Model {
     output_shapes: Vec<Vec<usize>>,
     /// Whether `finalize` folds ReLUs into the layer before them.
     fuse_relu: bool,
-    /// Per layer: a ReLU folded into the layer before it, so skipped.
+    fuse_dropout: bool,
+    /// Per layer: a ReLU or SpatialDropout folded into the layer before it,
+    /// so skipped.
     folded: Vec<bool>,
     /// Whether layers write f16 outputs for a next layer that rounds to f16.
     f16_activations: bool,
@@ -158,6 +160,7 @@ impl Model {
             input_shape: None,
             output_shapes: Vec::new(),
             fuse_relu: true,
+            fuse_dropout: true,
             folded: Vec::new(),
             f16_activations: true,
             f16_outputs: Vec::new(),
@@ -178,6 +181,16 @@ impl Model {
     /// bit-identical results. On by default; takes effect at `finalize`.
     pub fn fuse_relu(mut self, fuse: bool) -> Self {
         self.fuse_relu = fuse;
+        self
+    }
+
+    /// Whether a SpatialDropout right after a layer that can take it over (a
+    /// MaxPool2d whose windows tile its input) runs inside that layer: a pass
+    /// over the activations and the stored mask fewer each way, the mask drawn
+    /// again in the backward; bit-identical results. On by default; takes
+    /// effect at `finalize`.
+    pub fn fuse_dropout(mut self, fuse: bool) -> Self {
+        self.fuse_dropout = fuse;
         self
     }
 
@@ -222,7 +235,7 @@ impl Model {
         let mut shape = input_shape.to_vec();
         let mut output_shapes = Vec::with_capacity(self.layers.len());
         for (i, layer) in self.layers.iter_mut().enumerate() {
-            let seed = self.seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let seed = layer_seed(self.seed, i);
             shape = layer.build(&shape, seed, &self.device).map_err(|e| {
                 model_err(format!(
                     "layer {i} ({:?}) with input shape {shape:?}: {e}",
@@ -239,6 +252,16 @@ impl Model {
                 if self.layers[i].spec() == LayerSpec::ReLU
                     && !self.folded[i - 1]
                     && self.layers[i - 1].fuse_relu()
+                {
+                    self.folded[i] = true;
+                }
+            }
+        }
+        if self.fuse_dropout {
+            for i in 1..self.layers.len() {
+                if let LayerSpec::SpatialDropout { rate } = self.layers[i].spec()
+                    && !self.folded[i - 1]
+                    && self.layers[i - 1].fuse_spatial_dropout(rate, layer_seed(self.seed, i))
                 {
                     self.folded[i] = true;
                 }
@@ -284,10 +307,23 @@ impl Model {
     /// Indices of the ReLU layers that `finalize` folded into the layer
     /// before them (see [`Model::fuse_relu`]).
     pub fn fused_relus(&self) -> Vec<usize> {
-        flagged(&self.folded)
+        self.folded_where(|spec| matches!(spec, LayerSpec::ReLU))
     }
 
-    /// Whether layer `i` is a ReLU that runs inside the layer before it.
+    /// Indices of the SpatialDropout layers that `finalize` folded into the
+    /// layer before them (see [`Model::fuse_dropout`]).
+    pub fn fused_dropouts(&self) -> Vec<usize> {
+        self.folded_where(|spec| matches!(spec, LayerSpec::SpatialDropout { .. }))
+    }
+
+    fn folded_where(&self, kind: impl Fn(&LayerSpec) -> bool) -> Vec<usize> {
+        flagged(&self.folded)
+            .into_iter()
+            .filter(|&i| kind(&self.layers[i].spec()))
+            .collect()
+    }
+
+    /// Whether layer `i` runs inside the layer before it.
     fn is_folded(&self, i: usize) -> bool {
         self.folded.get(i).copied().unwrap_or(false)
     }
@@ -931,4 +967,10 @@ fn progress_bar(epoch: usize, epochs: usize, steps: usize) -> indicatif::Progres
     }
     bar.set_prefix(format!("{}/{epochs}", epoch + 1));
     bar
+}
+
+/// The seed layer `i` of a model seeded `seed` is built with (weights, dropout
+/// masks).
+fn layer_seed(seed: u64, i: usize) -> u64 {
+    seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }

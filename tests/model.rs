@@ -425,12 +425,40 @@ test_device!(
 );
 
 test_device!(
+    fused_dropout_trains_bit_identically_to_separate_layers,
+    |device: &Device| {
+        // v1 has MaxPool2d -> SpatialDropout three times, every pool's windows
+        // tiling its input: finalize folds each dropout into its pool unless
+        // told not to. With f16 activations, pools 6 and 14 then write the
+        // f16 that dropouts 7 and 15 wrote. Three steps, then predictions.
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5);
+        let run = |fuse: bool| {
+            let mut model = aether::zoo::cifar10_v1(6).fuse_dropout(fuse);
+            model.to(device).unwrap();
+            model.finalize(&[SIDE, SIDE, 3]).unwrap();
+            let expected = if fuse { vec![7, 15, 20] } else { vec![] };
+            assert_eq!(model.fused_dropouts(), expected, "fuse_dropout({fuse})");
+            assert_eq!(model.fused_relus(), [2, 5, 10, 13, 18]);
+            loss_and_logit_bits(&mut model, &x, &y)
+        };
+        let fused = run(true);
+        let separate = run(false);
+        let first_difference = fused.iter().zip(&separate).position(|(a, b)| a != b);
+        assert_eq!(
+            first_difference, None,
+            "losses (first 3) then logits differ between fused and separate dropout"
+        );
+    }
+);
+
+test_device!(
     f16_activations_train_bit_identically_to_f32_ones,
     |device: &Device| {
         // In v1, BatchNorm 1 and 9 (each with its ReLU folded in) and the
-        // spatial dropouts 7 and 15 feed a conv: where the conv rounds its
-        // input to f16, they write f16 outputs. Each BatchNorm's input
-        // gradient goes to a conv, which rounds it to f16.
+        // max pools 6 and 14 (each with its spatial dropout folded in) feed a
+        // conv: where the conv rounds its input to f16, they write f16
+        // outputs. Each BatchNorm's input gradient goes to a conv, which
+        // rounds it to f16.
         let (x, y) = synthetic_images(8, SIDE, SIDE, 5);
         let conv = aether::nn::Conv2d::new(8, (3, 3), Padding::Same);
         let rounds = conv.rounds_input_to_f16(device);
@@ -439,7 +467,7 @@ test_device!(
             model.to(device).unwrap();
             model.finalize(&[SIDE, SIDE, 3]).unwrap();
             let expected = if f16 && rounds {
-                vec![1, 7, 9, 15]
+                vec![1, 6, 9, 14]
             } else {
                 vec![]
             };
@@ -470,10 +498,10 @@ test_device!(
 );
 
 /// f16 activations and gradients take no dispatch of their own (BatchNorm
-/// writes them in its normalize and dx passes, spatial dropout in its mask
-/// pass) and save the casts: in v1, every conv gets both backward operands as
-/// f16 (its input is the f16 batch, a BatchNorm's or a spatial dropout's f16
-/// output) and casts nothing. Each conv casts once for both of its backward
+/// writes them in its normalize and dx passes, a max pool with its dropout
+/// folded in as it pools) and save the casts: in v1, every conv gets both
+/// backward operands as f16 (its input is the f16 batch, a BatchNorm's or a
+/// max pool's f16 output) and casts nothing. Each conv casts once for both of its backward
 /// GEMMs (dweight and dinput each cast an f32 gradient before); without f16
 /// activations convs 3, 8, 11 and 16 take one fused cast each and conv 0 one
 /// of its gradient (the batch is uploaded as f16 either way): 5 dispatches a

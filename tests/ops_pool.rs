@@ -4,11 +4,13 @@
 mod common;
 
 use aether::conv::Padding;
+use aether::ops::dropout::{dropout_backward, spatial_dropout, spatial_dropout_as};
 use aether::ops::pool::{
-    PoolParams, avg_pool2d, avg_pool2d_backward, global_avg_pool, global_avg_pool_backward,
-    max_pool2d, max_pool2d_backward,
+    PoolDropout, PoolParams, avg_pool2d, avg_pool2d_backward, global_avg_pool,
+    global_avg_pool_backward, max_pool2d, max_pool2d_backward, max_pool2d_dropout,
+    max_pool2d_dropout_backward,
 };
-use aether::{AetherError, Device, Tensor};
+use aether::{AetherError, DType, Device, Tensor};
 use common::Rng;
 
 /// Norm-relative error bound for f32 results against the f64 references.
@@ -682,3 +684,104 @@ test_device!(bad_inputs_are_typed_errors, |device: &Device| {
     let err = global_avg_pool_backward(&dy, [1, 4, 0, 3]).unwrap_err();
     assert!(is_invalid(&err, "global_avg_pool_backward"), "{err}");
 });
+
+/// The bits of a tensor's values: f32 as they are, f16 widened from their bits.
+fn value_bits(t: &Tensor) -> Vec<u32> {
+    match t.dtype() {
+        DType::F16 => t
+            .to_vec_f16()
+            .unwrap()
+            .iter()
+            .map(|v| u32::from(v.to_bits()))
+            .collect(),
+        _ => t
+            .to_vec_f32()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect(),
+    }
+}
+
+test_device!(
+    max_pool_with_dropout_folded_in_is_bit_identical_to_the_two,
+    |device: &Device| {
+        // 2x2/2 pools. Shapes: a few odd maps; many small maps, so a workgroup's
+        // outputs straddle maps and share a table of their masks; 36 and 2048
+        // channels, where a workgroup's maps need more than the table's 1024
+        // draws (at f16, 4 outputs an invocation) and each invocation draws.
+        // NaNs in some windows, values beyond f16's range.
+        let mut rng = Rng::fresh();
+        let params = PoolParams::new(2, 2, Padding::Valid);
+        let seed = rng.next_u64();
+        let step = rng.next_u64() as u32;
+        let context = format!("dropout seed {seed}, step {step}, rng seed {}", rng.seed);
+        for dims in [
+            [3, 6, 4, 12],
+            [40, 4, 4, 8],
+            [64, 2, 2, 36],
+            [2, 2, 2, 2048],
+        ] {
+            let len = numel(dims);
+            let mut data: Vec<f32> = rng
+                .vec(len)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * [1.0, 1e5, 3.0, 1e-5][i % 4])
+                .collect();
+            for i in (0..len).step_by(97) {
+                data[i] = f32::NAN;
+            }
+            let x = Tensor::from_f32(dims.to_vec(), data, device).unwrap();
+            let (pooled, want_argmax) = max_pool2d(&x, &params).unwrap();
+            for (rate, output) in [(0.0, DType::F32), (0.45, DType::F32), (0.45, DType::F16)] {
+                let what = format!("{dims:?} rate {rate} {output:?} ({context})");
+                let dropout = PoolDropout { rate, seed, step };
+                let (y, argmax) = max_pool2d_dropout(&x, &params, &dropout, output).unwrap();
+                let (want_y, mask) = spatial_dropout_as(&pooled, rate, seed, step, output).unwrap();
+                assert_eq!(y.dtype(), output, "{what}");
+                assert_eq!(value_bits(&y), value_bits(&want_y), "y of {what}");
+                assert_eq!(
+                    argmax.to_vec_u32().unwrap(),
+                    want_argmax.to_vec_u32().unwrap(),
+                    "argmax of {what}"
+                );
+                let dy = Tensor::from_f32(pooled.dims().to_vec(), rng.vec(pooled.numel()), device)
+                    .unwrap();
+                let dx =
+                    max_pool2d_dropout_backward(&dy, &argmax, dims, &params, &dropout).unwrap();
+                let (_, f32_mask) = spatial_dropout(&pooled, rate, seed, step).unwrap();
+                assert_eq!(value_bits(&mask), value_bits(&f32_mask), "{what}");
+                let want_dx = max_pool2d_backward(
+                    &dropout_backward(&dy, &f32_mask).unwrap(),
+                    &want_argmax,
+                    dims,
+                    &params,
+                )
+                .unwrap();
+                assert_eq!(value_bits(&dx), value_bits(&want_dx), "dx of {what}");
+                if rate > 0.0 {
+                    let m = f32_mask.to_vec_f32().unwrap();
+                    assert!(m.contains(&0.0) && m.iter().any(|&v| v != 0.0), "{what}");
+                }
+            }
+        }
+        // Windows that do not tile the input, and F16 over 6 channels.
+        let dropout = PoolDropout {
+            rate: 0.5,
+            seed,
+            step,
+        };
+        let x = Tensor::from_f32(vec![1, 5, 4, 4], rng.vec(80), device).unwrap();
+        let x6 = Tensor::from_f32(vec![1, 4, 4, 6], rng.vec(96), device).unwrap();
+        for (x, output) in [(&x, DType::F32), (&x6, DType::F16)] {
+            assert!(matches!(
+                max_pool2d_dropout(x, &params, &dropout, output),
+                Err(AetherError::InvalidShape {
+                    op: "max_pool2d_dropout",
+                    ..
+                })
+            ));
+        }
+    }
+);

@@ -14,7 +14,7 @@
 // to f16 anyway. An invocation takes four adjacent channels (C % 4 == 0, the
 // host checks) of PIXELS_PER_LANE_F16 pixels, so it moves whole 16-byte words
 // of x and the mask and 8-byte words of y, and enough invocations run to hide
-// their loads' latency.
+// their loads' latency; its workgroup draws the masks once (spatial_mask.wgsl).
 // `backward`: dx[i] = dy[i] * mask[i].
 //
 // The entry points bind input at 0, the mask at 1 (written by `main` and
@@ -77,24 +77,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-// Mask values of the (map, channel) draws a workgroup of `main_f16` needs, each
-// drawn once (lane by lane, every invocation would repeat its four channels'
-// draws for every few pixels): those of the maps its lanes touch, where they
-// fit; else each invocation draws its own.
-const SHARED_DRAWS: u32 = 1024u;
-var<workgroup> shared_mask: array<f32, SHARED_DRAWS>;
-
-fn mask_value(draw: u32) -> f32 {
-    if (params.drop_threshold == 0u) {
-        return params.scale;
-    }
-    let bits = philox_lane0(
-        vec4<u32>(draw, params.step, params.stream, 0u),
-        vec2<u32>(params.key0, params.key1),
-    );
-    return select(params.scale, 0.0, bits < params.drop_threshold);
-}
-
 @compute @workgroup_size(256)
 fn main_f16(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -102,15 +84,16 @@ fn main_f16(
 ) {
     let first_lane = (wid.x + wid.y * (params.row_stride / 256u)) * 256u;
     let lane = first_lane + lidx;
+    let draws = MaskDraws(
+        params.drop_threshold,
+        params.scale,
+        vec2(params.key0, params.key1),
+        params.step,
+        params.stream,
+    );
     let first_map = first_lane / params.map_lanes;
-    let last_map = (min(first_lane + 255u, params.len - 1u)) / params.map_lanes;
-    let draws = (last_map - first_map + 1u) * params.channels;
-    let tabled = draws <= SHARED_DRAWS;
-    if (tabled) {
-        for (var j = lidx; j < draws; j += 256u) {
-            shared_mask[j] = mask_value(first_map * params.channels + j);
-        }
-    }
+    let last_map = min(first_lane + 255u, params.len - 1u) / params.map_lanes;
+    let tabled = fill_mask_table(draws, first_map, last_map, params.channels, lidx);
     workgroupBarrier();
     if (lane >= params.len) {
         return;
@@ -120,14 +103,9 @@ fn main_f16(
     let c = lane % quads * 4u;
     let first_pixel = (lane % params.map_lanes) / quads * PIXELS_PER_LANE_F16;
     let pixels = params.map_span / params.channels;
-    let draw = map * params.channels + c;
     var m: vec4<f32>;
     for (var k = 0u; k < 4u; k++) {
-        if (tabled) {
-            m[k] = shared_mask[draw + k - first_map * params.channels];
-        } else {
-            m[k] = mask_value(draw + k);
-        }
+        m[k] = table_mask(draws, tabled, first_map, map, c + k, params.channels);
     }
     let end = min(first_pixel + PIXELS_PER_LANE_F16, pixels);
     for (var p = first_pixel; p < end; p++) {

@@ -18,6 +18,13 @@ struct Params {
     // Elements this dispatch covers (outputs for forward, inputs for backward).
     len: u32,
     row_stride: u32,
+    // A folded spatial dropout's draws (spatial_mask.wgsl; zero elsewhere).
+    mask_threshold: u32,
+    mask_scale: f32,
+    mask_key0: u32,
+    mask_key1: u32,
+    mask_step: u32,
+    mask_stream: u32,
 }
 
 // In-bounds input positions [x, y) of the window of output position `o` along one

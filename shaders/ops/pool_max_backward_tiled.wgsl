@@ -11,14 +11,9 @@
 @group(0) @binding(2) var<storage, read_write> dx: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x + gid.y * params.row_stride;
-    if (o >= params.len) {
-        return;
-    }
+// Writes output `o`'s window of dx: gradient `g` at the argmax, 0 elsewhere.
+fn scatter_window(o: u32, g: f32) {
     let at = nhwc_position(o, params.h_out, params.w_out);
-    let g = dy[o];
     let grad = select(g, 0.0, bitcast<u32>(g) == 0x80000000u);
     let winner = argmax[o];
     for (var r = 0u; r < params.filter_h; r++) {
@@ -27,4 +22,41 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             dx[i] = select(0.0, grad, i == winner);
         }
     }
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = gid.x + gid.y * params.row_stride;
+    if (o < params.len) {
+        scatter_window(o, dy[o]);
+    }
+}
+
+// `main` after a folded spatial dropout (pool_max_forward_dropout.wgsl): dy
+// times the (image, channel) mask first, as the dropout's backward would have
+// given it, the masks drawn once per workgroup (spatial_mask.wgsl).
+@compute @workgroup_size(256)
+fn main_dropout(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let span = params.h_out * params.w_out * params.c;
+    let first = (wid.x + wid.y * (params.row_stride / 256u)) * 256u;
+    let draws = MaskDraws(
+        params.mask_threshold,
+        params.mask_scale,
+        vec2(params.mask_key0, params.mask_key1),
+        params.mask_step,
+        params.mask_stream,
+    );
+    let first_map = first / span;
+    let last_map = min(first + 255u, params.len - 1u) / span;
+    let tabled = fill_mask_table(draws, first_map, last_map, params.c, lidx);
+    workgroupBarrier();
+    let o = first + lidx;
+    if (o >= params.len) {
+        return;
+    }
+    let m = table_mask(draws, tabled, first_map, o / span, o % params.c, params.c);
+    scatter_window(o, dy[o] * m);
 }

@@ -14,12 +14,8 @@ fn is_nan_bits(bits: u32) -> bool {
     return (bits & 0x7fffffffu) > 0x7f800000u;
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let o = gid.x + gid.y * params.row_stride;
-    if (o >= params.len) {
-        return;
-    }
+// The max of output `o`'s window: its bits and its input index.
+fn window_max(o: u32) -> vec2<u32> {
     let at = nhwc_position(o, params.h_out, params.w_out);
     let rows = window_span(at.row, params.stride_h, params.pad_top, params.filter_h, params.h);
     let cols = window_span(at.col, params.stride_w, params.pad_left, params.filter_w, params.w);
@@ -38,6 +34,16 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
         }
     }
-    y[o] = best_bits;
-    argmax[o] = best_index;
+    return vec2(best_bits, best_index);
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = gid.x + gid.y * params.row_stride;
+    if (o >= params.len) {
+        return;
+    }
+    let best = window_max(o);
+    y[o] = best.x;
+    argmax[o] = best.y;
 }

@@ -182,6 +182,15 @@ pub trait Layer: Send {
         false
     }
 
+    /// Takes over the SpatialDropout of `rate` that follows this layer, built
+    /// with `seed`: in training its output is then masked as that layer's
+    /// would be, and its backward masks the gradient first, so the model skips
+    /// the dropout layer. Returns false (and changes nothing) where the layer
+    /// cannot; the result must be bit-identical to the two layers.
+    fn fuse_spatial_dropout(&mut self, _rate: f32, _seed: u64) -> bool {
+        false
+    }
+
     /// True when, on `device`, the layer rounds its input to f16 before any
     /// use of it (a conv whose kernels take f16 operands): an input uploaded
     /// as f16 then gives the same results for half the bytes, so the model

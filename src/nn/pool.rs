@@ -5,10 +5,11 @@ use crate::conv::{ConvParams, ConvShapeMeta, Padding};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::pool::{
-    PoolParams, avg_pool2d, avg_pool2d_backward, global_avg_pool, global_avg_pool_backward,
-    max_pool2d, max_pool2d_backward,
+    PoolDropout, PoolParams, avg_pool2d, avg_pool2d_backward, global_avg_pool,
+    global_avg_pool_backward, max_pool2d, max_pool2d_backward, max_pool2d_dropout,
+    max_pool2d_dropout_backward, windows_tile,
 };
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// Per-sample output `[H_out, W_out, C]` of a pooling window, with the conv
 /// geometry's checks (an empty output is an error).
@@ -39,6 +40,15 @@ pub struct MaxPool2d {
     pub params: PoolParams,
     input_dims: Option<[usize; 4]>,
     argmax: Option<Tensor>,
+    /// Per-sample input `[H, W, C]`, from `build`.
+    input: [usize; 3],
+    /// A SpatialDropout folded in (see `Layer::fuse_spatial_dropout`): its
+    /// rate and the seed it was built with.
+    dropout: Option<(f32, u64)>,
+    /// The folded dropout's draws in the last training forward, for backward.
+    step_dropout: Option<PoolDropout>,
+    /// How a training forward with a folded dropout stores `y`.
+    output: DType,
 }
 
 impl MaxPool2d {
@@ -51,6 +61,10 @@ impl MaxPool2d {
             },
             input_dims: None,
             argmax: None,
+            input: [0; 3],
+            dropout: None,
+            step_dropout: None,
+            output: DType::F32,
         }
     }
 }
@@ -65,12 +79,49 @@ impl Layer for MaxPool2d {
     }
 
     fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
-        pooled_shape("MaxPool2d", input, &self.params)
+        let shape = pooled_shape("MaxPool2d", input, &self.params)?;
+        self.input = hwc("MaxPool2d", input)?;
+        (self.dropout, self.output) = (None, DType::F32);
+        Ok(shape)
+    }
+
+    /// Where the windows tile the input (the fused backward writes each
+    /// window once).
+    fn fuse_spatial_dropout(&mut self, rate: f32, seed: u64) -> bool {
+        let [h, w, c] = self.input;
+        let fits = windows_tile([1, h, w, c], &self.params);
+        if fits {
+            self.dropout = Some((rate, seed));
+        }
+        fits
+    }
+
+    /// With a folded dropout, a training forward writes f16 for channels in
+    /// fours (evaluation, with no dropout, writes f32).
+    fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
+        let f16 = self.dropout.is_some() && rounded && self.input[2].is_multiple_of(4);
+        self.output = if f16 { DType::F16 } else { DType::F32 };
+        f16
     }
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let (y, argmax) = max_pool2d(x, &self.params)?;
-        if matches!(mode, Mode::Train { .. }) {
+        let train = match mode {
+            Mode::Train { seed, step } => Some((seed, step)),
+            _ => None,
+        };
+        self.step_dropout = match (train, self.dropout) {
+            (Some((seed, step)), Some((rate, layer_seed))) => Some(PoolDropout {
+                rate,
+                seed: seed ^ layer_seed,
+                step,
+            }),
+            _ => None,
+        };
+        let (y, argmax) = match &self.step_dropout {
+            Some(dropout) => max_pool2d_dropout(x, &self.params, dropout, self.output)?,
+            None => max_pool2d(x, &self.params)?,
+        };
+        if train.is_some() {
             self.input_dims = Some(x.shape().nhwc("pooling input")?);
             self.argmax = Some(argmax);
         }
@@ -87,7 +138,11 @@ impl Layer for MaxPool2d {
         }
         let dims = input_dims(&self.input_dims, "MaxPool2d::backward")?;
         let argmax = cached(&self.argmax, "MaxPool2d::backward")?;
-        max_pool2d_backward(dy, argmax, dims, &self.params).map(Some)
+        match &self.step_dropout {
+            Some(dropout) => max_pool2d_dropout_backward(dy, argmax, dims, &self.params, dropout),
+            None => max_pool2d_backward(dy, argmax, dims, &self.params),
+        }
+        .map(Some)
     }
 }
 

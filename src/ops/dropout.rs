@@ -27,6 +27,7 @@ use crate::tensor::{DType, Tensor};
 
 const SHADER: &str = concat!(
     include_str!("../../shaders/ops/philox.wgsl"),
+    include_str!("../../shaders/ops/spatial_mask.wgsl"),
     include_str!("../../shaders/conv/f16_bits.wgsl"),
     include_str!("../../shaders/ops/dropout.wgsl")
 );
@@ -79,7 +80,7 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 /// `[0, 1)`; at 0, `y` is `x` itself and the mask is all ones.
 pub fn dropout(x: &Tensor, rate: f32, seed: u64, step: u32) -> Result<(Tensor, Tensor)> {
     check_operands("dropout", &[x])?;
-    let plan = MaskPlan::new("dropout", x, rate, seed, step, ELEMENT_STREAM, 1, 1)?;
+    let plan = MaskPlan::new("dropout", x.dims(), rate, seed, step, ELEMENT_STREAM, 1, 1)?;
     masked(x, rate, &plan)
 }
 
@@ -121,11 +122,59 @@ pub fn spatial_dropout_as(
     };
     // `check_operands` bounds the element count by u32, and so these.
     let (channels, map_span) = (c as u32, (h * w * c) as u32);
-    let plan = MaskPlan::new(OP, x, rate, seed, step, SPATIAL_STREAM, channels, map_span)?;
+    let plan = MaskPlan::new(
+        OP,
+        x.dims(),
+        rate,
+        seed,
+        step,
+        SPATIAL_STREAM,
+        channels,
+        map_span,
+    )?;
     if f16_output {
         masked_f16(x, &plan)
     } else {
         masked(x, rate, &plan)
+    }
+}
+
+/// The spatial mask of NHWC `dims` for a kernel that folds spatial dropout
+/// in (max pooling): the words of its `MaskDraws` (spatial_mask.wgsl), checked
+/// as [`spatial_dropout`] checks them, and on the host the mask itself.
+pub(crate) struct SpatialMask {
+    pub draw_words: [u32; 6],
+    plan: MaskPlan,
+}
+
+impl SpatialMask {
+    pub(crate) fn new(
+        op: &'static str,
+        [n, h, w, c]: [usize; 4],
+        rate: f32,
+        seed: u64,
+        step: u32,
+    ) -> Result<Self> {
+        let (channels, map_span) = (c as u32, (h * w * c) as u32);
+        let plan = MaskPlan::new(
+            op,
+            &[n, h, w, c],
+            rate,
+            seed,
+            step,
+            SPATIAL_STREAM,
+            channels,
+            map_span,
+        )?;
+        Ok(Self {
+            draw_words: plan.draw_words(),
+            plan,
+        })
+    }
+
+    /// The mask of `len` elements, as [`spatial_dropout`] returns it.
+    pub(crate) fn host(&self, len: usize) -> Vec<f32> {
+        self.plan.host_mask(len)
     }
 }
 
@@ -158,7 +207,7 @@ impl MaskPlan {
     #[allow(clippy::too_many_arguments)]
     fn new(
         op: &'static str,
-        x: &Tensor,
+        shape: &[usize],
         rate: f32,
         seed: u64,
         step: u32,
@@ -169,7 +218,7 @@ impl MaskPlan {
         if !(0.0..1.0).contains(&rate) {
             return Err(AetherError::InvalidShape {
                 op,
-                shape: x.dims().to_vec(),
+                shape: shape.to_vec(),
                 reason: format!("dropout rate must be in [0, 1), got {rate}"),
             });
         }
@@ -218,18 +267,32 @@ impl MaskPlan {
         pixels.div_ceil(pixels_each) * (self.channels / channels_each)
     }
 
-    /// The forward kernel's uniform block, for `lanes` invocations, each of
-    /// `lane` = (channels, pixels).
-    fn gpu_params(&self, lanes: u32, row_stride: u32, lane: [u32; 2]) -> [u32; 11] {
+    /// The draws' words of the uniform blocks (`MaskDraws` in
+    /// spatial_mask.wgsl): threshold, scale, key, step, stream.
+    fn draw_words(&self) -> [u32; 6] {
         [
-            lanes,
-            row_stride,
             self.drop_threshold,
             self.scale.to_bits(),
             self.key[0],
             self.key[1],
             self.step,
             self.stream,
+        ]
+    }
+
+    /// The forward kernel's uniform block, for `lanes` invocations, each of
+    /// `lane` = (channels, pixels).
+    fn gpu_params(&self, lanes: u32, row_stride: u32, lane: [u32; 2]) -> [u32; 11] {
+        let [threshold, scale, key0, key1, step, stream] = self.draw_words();
+        [
+            lanes,
+            row_stride,
+            threshold,
+            scale,
+            key0,
+            key1,
+            step,
+            stream,
             self.channels,
             self.map_span,
             self.map_lanes(lane),

@@ -25,6 +25,7 @@ use rayon::prelude::*;
 use crate::conv::Padding;
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
+use crate::ops::dropout::{SpatialMask, dropout_backward, spatial_dropout_as};
 use crate::tensor::{DType, Shape, Tensor};
 
 const MAX_FORWARD: &str = concat!(
@@ -35,8 +36,18 @@ const MAX_BACKWARD: &str = concat!(
     include_str!("../../shaders/ops/pool_common.wgsl"),
     include_str!("../../shaders/ops/pool_max_backward.wgsl")
 );
+const MAX_FORWARD_DROPOUT: &str = concat!(
+    include_str!("../../shaders/ops/pool_common.wgsl"),
+    include_str!("../../shaders/ops/philox.wgsl"),
+    include_str!("../../shaders/ops/spatial_mask.wgsl"),
+    include_str!("../../shaders/conv/f16_bits.wgsl"),
+    include_str!("../../shaders/ops/pool_max_forward.wgsl"),
+    include_str!("../../shaders/ops/pool_max_forward_dropout.wgsl")
+);
 const MAX_BACKWARD_TILED: &str = concat!(
     include_str!("../../shaders/ops/pool_common.wgsl"),
+    include_str!("../../shaders/ops/philox.wgsl"),
+    include_str!("../../shaders/ops/spatial_mask.wgsl"),
     include_str!("../../shaders/ops/pool_max_backward_tiled.wgsl")
 );
 const AVG_FORWARD: &str = concat!(
@@ -234,7 +245,13 @@ impl PoolGeometry {
 
     /// The kernels' uniform block (`Params` in pool_common.wgsl) for a launch over
     /// `len` elements.
-    fn params(&self, len: usize, row_stride: u32) -> [u32; 14] {
+    fn params(&self, len: usize, row_stride: u32) -> [u32; 20] {
+        self.params_with(len, row_stride, [0; 6])
+    }
+
+    /// [`Self::params`] with a folded spatial dropout's draw words.
+    fn params_with(&self, len: usize, row_stride: u32, draws: [u32; 6]) -> [u32; 20] {
+        let [t, scale, k0, k1, step, stream] = draws;
         [
             self.n as u32,
             self.h as u32,
@@ -250,6 +267,12 @@ impl PoolGeometry {
             self.pad_left as u32,
             len as u32,
             row_stride,
+            t,
+            scale,
+            k0,
+            k1,
+            step,
+            stream,
         ]
     }
 }
@@ -311,17 +334,17 @@ fn gpu_context(t: &Tensor) -> &Arc<GpuContext> {
 
 fn pipeline(
     ctx: &GpuContext,
-    kernel: &'static str,
+    (kernel, entry): (&'static str, &'static str),
     source: &'static str,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     ctx.pipelines()
-        .require(&PipelineKey::new(kernel, "portable"), "main", || {
+        .require(&PipelineKey::new(kernel, "portable"), entry, || {
             source.into()
         })
 }
 
-/// Records one flat launch of `kernel` over `len` elements; `params` builds the
-/// uniform block from the grid's row stride.
+/// Records one flat launch of `kernel` (entry point `main`) over `len`
+/// elements; `params` builds the uniform block from the grid's row stride.
 fn launch_flat(
     ctx: &GpuContext,
     kernel: &'static str,
@@ -330,7 +353,21 @@ fn launch_flat(
     len: usize,
     params: impl FnOnce(u32) -> Vec<u32>,
 ) -> Result<()> {
-    let pipeline = pipeline(ctx, kernel, source)?;
+    launch_entry(ctx, (kernel, "main"), kernel, source, buffers, len, params)
+}
+
+/// [`launch_flat`] of entry point `entry`, as pipeline `key` (kernel and
+/// entry), its dispatches labelled `label`.
+fn launch_entry(
+    ctx: &GpuContext,
+    key: (&'static str, &'static str),
+    label: &'static str,
+    source: &'static str,
+    buffers: &[GpuSlice<'_>],
+    len: usize,
+    params: impl FnOnce(u32) -> Vec<u32>,
+) -> Result<()> {
+    let pipeline = pipeline(ctx, key, source)?;
     let (grid, row_stride) = flat_grid(
         len,
         WORKGROUP,
@@ -338,7 +375,7 @@ fn launch_flat(
     );
     let params = params(row_stride);
     ctx.dispatch(
-        kernel,
+        label,
         &pipeline,
         buffers,
         bytemuck::cast_slice(&params),
@@ -473,6 +510,143 @@ pub fn max_pool2d_backward(
         &[gpu_buffer(dy), gpu_buffer(argmax), gpu_buffer(&dx)],
         len,
         |row_stride| g.params(len, row_stride).to_vec(),
+    )?;
+    Ok(dx)
+}
+
+/// Whether pooling NHWC `input` with `p` tiles it with windows (stride equal to
+/// the filter, no padding, nothing left over): what [`max_pool2d_dropout`] needs.
+pub fn windows_tile(input: [usize; 4], p: &PoolParams) -> bool {
+    PoolGeometry::new("windows_tile", input, p).is_ok_and(|g| g.windows_tile_input())
+}
+
+/// A spatial dropout folded into the max pooling before it (see
+/// [`max_pool2d_dropout`]): its rate, seed and step, as
+/// [`crate::ops::dropout::spatial_dropout`] takes them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PoolDropout {
+    pub rate: f32,
+    pub seed: u64,
+    pub step: u32,
+}
+
+impl PoolDropout {
+    fn mask(&self, op: &'static str, output_dims: [usize; 4]) -> Result<SpatialMask> {
+        SpatialMask::new(op, output_dims, self.rate, self.seed, self.step)
+    }
+}
+
+/// The geometry of a max pool with a folded dropout: windows that tile the
+/// input (the backward writes each window once), and channels in fours for F16.
+fn fused_geometry(
+    op: &'static str,
+    input_dims: [usize; 4],
+    p: &PoolParams,
+    output: DType,
+) -> Result<PoolGeometry> {
+    let g = PoolGeometry::new(op, input_dims, p)?;
+    let reason = if !g.windows_tile_input() {
+        "the windows must tile the input (stride = filter, no padding, nothing left over)".into()
+    } else if !matches!(output, DType::F32 | DType::F16) {
+        format!("output {output:?}: F32 or F16")
+    } else if output == DType::F16 && !g.c.is_multiple_of(4) {
+        format!("F16 output needs channels in fours, got {}", g.c)
+    } else {
+        return Ok(g);
+    };
+    Err(AetherError::InvalidShape {
+        op,
+        shape: input_dims.to_vec(),
+        reason,
+    })
+}
+
+/// [`max_pool2d`] followed by [`crate::ops::dropout::spatial_dropout_as`] of
+/// its output, in one pass: `(y, argmax)` bit-identical to the two (the mask
+/// is not kept: [`max_pool2d_dropout_backward`] draws it again). For windows
+/// that tile the input; `output` F32, or F16 for channels in fours.
+pub fn max_pool2d_dropout(
+    x: &Tensor,
+    p: &PoolParams,
+    dropout: &PoolDropout,
+    output: DType,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "max_pool2d_dropout";
+    require_f32(OP, x)?;
+    let g = fused_geometry(OP, x.shape().nhwc(OP)?, p, output)?;
+    let mask = dropout.mask(OP, g.output_dims())?;
+    if x.host_f32().is_some() {
+        let (pooled, argmax) = max_pool2d(x, p)?;
+        let (y, _) = spatial_dropout_as(&pooled, dropout.rate, dropout.seed, dropout.step, output)?;
+        return Ok((y, argmax));
+    }
+    let ctx = gpu_context(x);
+    let y = Tensor::uninit_gpu(ctx, Shape::new(g.output_dims())?, output)?;
+    let argmax = Tensor::uninit_gpu(ctx, Shape::new(g.output_dims())?, DType::U32)?;
+    let (key, per_lane) = match output {
+        DType::F16 => (("pool_max_forward_dropout_f16", "main_dropout_f16"), 4),
+        _ => (("pool_max_forward_dropout", "main_dropout"), 1),
+    };
+    launch_entry(
+        ctx,
+        key,
+        "pool_max_forward",
+        MAX_FORWARD_DROPOUT,
+        &[gpu_buffer(x), gpu_buffer(&y), gpu_buffer(&argmax)],
+        g.output_len() / per_lane,
+        |row_stride| {
+            g.params_with(g.output_len(), row_stride, mask.draw_words)
+                .to_vec()
+        },
+    )?;
+    Ok((y, argmax))
+}
+
+/// The gradient of [`max_pool2d_dropout`] with respect to its input of shape
+/// `input_dims`: `dy` times the same spatial mask, then [`max_pool2d_backward`],
+/// in one pass and bit-identical to the two.
+pub fn max_pool2d_dropout_backward(
+    dy: &Tensor,
+    argmax: &Tensor,
+    input_dims: [usize; 4],
+    p: &PoolParams,
+    dropout: &PoolDropout,
+) -> Result<Tensor> {
+    const OP: &str = "max_pool2d_dropout_backward";
+    require_f32(OP, dy)?;
+    let g = fused_geometry(OP, input_dims, p, DType::F32)?;
+    require_dims(OP, dy, &g.output_dims())?;
+    let mask = dropout.mask(OP, g.output_dims())?;
+    if dy.host_f32().is_some() {
+        let mask = Tensor::from_f32(
+            g.output_dims().to_vec(),
+            mask.host(g.output_len()),
+            &dy.device(),
+        )?;
+        return max_pool2d_backward(&dropout_backward(dy, &mask)?, argmax, input_dims, p);
+    }
+    argmax.expect_dtype(OP, DType::U32)?;
+    require_dims(OP, argmax, &g.output_dims())?;
+    if !dy.device().same_as(&argmax.device()) {
+        return Err(AetherError::DeviceMismatch {
+            op: OP,
+            a: dy.device().name(),
+            b: argmax.device().name(),
+        });
+    }
+    let ctx = gpu_context(dy);
+    let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
+    launch_entry(
+        ctx,
+        ("pool_max_backward_tiled_dropout", "main_dropout"),
+        "pool_max_backward_tiled",
+        MAX_BACKWARD_TILED,
+        &[gpu_buffer(dy), gpu_buffer(argmax), gpu_buffer(&dx)],
+        g.output_len(),
+        |row_stride| {
+            g.params_with(g.output_len(), row_stride, mask.draw_words)
+                .to_vec()
+        },
     )?;
     Ok(dx)
 }
@@ -627,7 +801,7 @@ pub fn global_avg_pool(x: &Tensor) -> Result<Tensor> {
         return Tensor::from_f32(vec![n, c], values, &x.device());
     }
     let ctx = gpu_context(x);
-    let pipeline = pipeline(ctx, "pool_global_avg_forward", GLOBAL_AVG_FORWARD)?;
+    let pipeline = pipeline(ctx, ("pool_global_avg_forward", "main"), GLOBAL_AVG_FORWARD)?;
     let y = Tensor::uninit_gpu(ctx, Shape::new(vec![n, c])?, DType::F32)?;
     // PLANES_PER_GROUP (n, c) pairs per workgroup.
     let (grid, row_stride) = flat_grid(
