@@ -34,29 +34,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 // `main` after a folded spatial dropout (pool_max_forward_dropout.wgsl): dy
 // times the (image, channel) mask first, as the dropout's backward would have
-// given it, the masks drawn once per workgroup (spatial_mask.wgsl).
+// given it, the masks drawn once per workgroup (pool_mask.wgsl).
 @compute @workgroup_size(256)
 fn main_dropout(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lidx: u32,
 ) {
-    let span = params.h_out * params.w_out * params.c;
-    let first = (wid.x + wid.y * (params.row_stride / 256u)) * 256u;
-    let draws = MaskDraws(
-        params.mask_threshold,
-        params.mask_scale,
-        vec2(params.mask_key0, params.mask_key1),
-        params.mask_step,
-        params.mask_stream,
-    );
-    let first_map = first / span;
-    let last_map = min(first + 255u, params.len - 1u) / span;
-    let tabled = fill_mask_table(draws, first_map, last_map, params.c, lidx);
+    let first = first_output(wid, 1u);
+    let tabled = fill_pool_masks(first, 256u, lidx);
     workgroupBarrier();
     let o = first + lidx;
-    if (o >= params.len) {
-        return;
+    if (o < params.len) {
+        scatter_window(o, dy[o] * pool_mask(tabled, first, o));
     }
-    let m = table_mask(draws, tabled, first_map, o / span, o % params.c, params.c);
-    scatter_window(o, dy[o] * m);
 }

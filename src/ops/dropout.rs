@@ -106,7 +106,7 @@ pub fn spatial_dropout_as(
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "spatial_dropout";
     check_operands(OP, &[x])?;
-    let [_, h, w, c] = x.shape().nhwc(OP)?;
+    let [n, h, w, c] = x.shape().nhwc(OP)?;
     let f16_output = match output {
         DType::F32 => false,
         DType::F16 if c.is_multiple_of(4) => true,
@@ -120,18 +120,7 @@ pub fn spatial_dropout_as(
             });
         }
     };
-    // `check_operands` bounds the element count by u32, and so these.
-    let (channels, map_span) = (c as u32, (h * w * c) as u32);
-    let plan = MaskPlan::new(
-        OP,
-        x.dims(),
-        rate,
-        seed,
-        step,
-        SPATIAL_STREAM,
-        channels,
-        map_span,
-    )?;
+    let plan = SpatialMask::new(OP, [n, h, w, c], rate, seed, step)?.plan;
     if f16_output {
         masked_f16(x, &plan)
     } else {
@@ -155,6 +144,7 @@ impl SpatialMask {
         seed: u64,
         step: u32,
     ) -> Result<Self> {
+        // Element counts are bounded by u32 (`check_operands`), and so these.
         let (channels, map_span) = (c as u32, (h * w * c) as u32);
         let plan = MaskPlan::new(
             op,

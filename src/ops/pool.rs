@@ -40,6 +40,7 @@ const MAX_FORWARD_DROPOUT: &str = concat!(
     include_str!("../../shaders/ops/pool_common.wgsl"),
     include_str!("../../shaders/ops/philox.wgsl"),
     include_str!("../../shaders/ops/spatial_mask.wgsl"),
+    include_str!("../../shaders/ops/pool_mask.wgsl"),
     include_str!("../../shaders/conv/f16_bits.wgsl"),
     include_str!("../../shaders/ops/pool_max_forward.wgsl"),
     include_str!("../../shaders/ops/pool_max_forward_dropout.wgsl")
@@ -48,6 +49,7 @@ const MAX_BACKWARD_TILED: &str = concat!(
     include_str!("../../shaders/ops/pool_common.wgsl"),
     include_str!("../../shaders/ops/philox.wgsl"),
     include_str!("../../shaders/ops/spatial_mask.wgsl"),
+    include_str!("../../shaders/ops/pool_mask.wgsl"),
     include_str!("../../shaders/ops/pool_max_backward_tiled.wgsl")
 );
 const AVG_FORWARD: &str = concat!(
@@ -307,6 +309,28 @@ fn beats(candidate: f32, best: f32) -> bool {
     }
 }
 
+/// The operands of a max pool's backward: an f32 `dy` and a U32 `argmax`, both
+/// of the output's shape and on one device.
+fn check_max_backward(
+    op: &'static str,
+    dy: &Tensor,
+    argmax: &Tensor,
+    g: &PoolGeometry,
+) -> Result<()> {
+    require_f32(op, dy)?;
+    argmax.expect_dtype(op, DType::U32)?;
+    require_dims(op, dy, &g.output_dims())?;
+    require_dims(op, argmax, &g.output_dims())?;
+    if !dy.device().same_as(&argmax.device()) {
+        return Err(AetherError::DeviceMismatch {
+            op,
+            a: dy.device().name(),
+            b: argmax.device().name(),
+        });
+    }
+    Ok(())
+}
+
 fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
     t.expect_dtype(op, DType::F32)
 }
@@ -452,18 +476,8 @@ pub fn max_pool2d_backward(
     p: &PoolParams,
 ) -> Result<Tensor> {
     const OP: &str = "max_pool2d_backward";
-    require_f32(OP, dy)?;
-    argmax.expect_dtype(OP, DType::U32)?;
     let g = PoolGeometry::new(OP, input_dims, p)?;
-    require_dims(OP, dy, &g.output_dims())?;
-    require_dims(OP, argmax, &g.output_dims())?;
-    if !dy.device().same_as(&argmax.device()) {
-        return Err(AetherError::DeviceMismatch {
-            op: OP,
-            a: dy.device().name(),
-            b: argmax.device().name(),
-        });
-    }
+    check_max_backward(OP, dy, argmax, &g)?;
     if let (Some(dy_data), Some(argmax_data)) = (dy.host_f32(), argmax.host_u32()) {
         let mut dx = vec![0.0f32; g.input_len()];
         dx.par_chunks_mut(g.w * g.c)
@@ -613,9 +627,8 @@ pub fn max_pool2d_dropout_backward(
     dropout: &PoolDropout,
 ) -> Result<Tensor> {
     const OP: &str = "max_pool2d_dropout_backward";
-    require_f32(OP, dy)?;
     let g = fused_geometry(OP, input_dims, p, DType::F32)?;
-    require_dims(OP, dy, &g.output_dims())?;
+    check_max_backward(OP, dy, argmax, &g)?;
     let mask = dropout.mask(OP, g.output_dims())?;
     if dy.host_f32().is_some() {
         let mask = Tensor::from_f32(
@@ -624,15 +637,6 @@ pub fn max_pool2d_dropout_backward(
             &dy.device(),
         )?;
         return max_pool2d_backward(&dropout_backward(dy, &mask)?, argmax, input_dims, p);
-    }
-    argmax.expect_dtype(OP, DType::U32)?;
-    require_dims(OP, argmax, &g.output_dims())?;
-    if !dy.device().same_as(&argmax.device()) {
-        return Err(AetherError::DeviceMismatch {
-            op: OP,
-            a: dy.device().name(),
-            b: argmax.device().name(),
-        });
     }
     let ctx = gpu_context(dy);
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;

@@ -1,0 +1,33 @@
+// A spatial dropout folded into a max pool (spatial_mask.wgsl's table, on the
+// pool's outputs): its draws come in the pool's Params, and a map is an image's
+// h_out x w_out x C outputs. Prepended after pool_common.wgsl and
+// spatial_mask.wgsl.
+
+fn pool_mask_draws() -> MaskDraws {
+    return MaskDraws(
+        params.mask_threshold,
+        params.mask_scale,
+        vec2(params.mask_key0, params.mask_key1),
+        params.mask_step,
+        params.mask_stream,
+    );
+}
+
+// The first output of this workgroup's 256 invocations, each taking `per_lane`.
+fn first_output(wid: vec3<u32>, per_lane: u32) -> u32 {
+    return (wid.x + wid.y * (params.row_stride / 256u)) * 256u * per_lane;
+}
+
+// Draws the masks of the images that outputs first .. first + count - 1 lie
+// in (see fill_mask_table: every invocation calls it, a barrier follows).
+fn fill_pool_masks(first: u32, count: u32, lane: u32) -> bool {
+    let span = params.h_out * params.w_out * params.c;
+    let last = min(first + count - 1u, params.len - 1u);
+    return fill_mask_table(pool_mask_draws(), first / span, last / span, params.c, lane);
+}
+
+// The mask of output `o` of a workgroup whose first output is `first`.
+fn pool_mask(tabled: bool, first: u32, o: u32) -> f32 {
+    let span = params.h_out * params.w_out * params.c;
+    return table_mask(pool_mask_draws(), tabled, first / span, o / span, o % params.c, params.c);
+}
