@@ -82,7 +82,7 @@ fn main_f16(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lidx: u32,
 ) {
-    let first_lane = (wid.x + wid.y * (params.row_stride / 256u)) * 256u;
+    let first_lane = first_invocation(wid, params.row_stride);
     let lane = first_lane + lidx;
     let draws = MaskDraws(
         params.drop_threshold,

@@ -15,7 +15,7 @@ fn pool_mask_draws() -> MaskDraws {
 
 // The first output of this workgroup's 256 invocations, each taking `per_lane`.
 fn first_output(wid: vec3<u32>, per_lane: u32) -> u32 {
-    return (wid.x + wid.y * (params.row_stride / 256u)) * 256u * per_lane;
+    return first_invocation(wid, params.row_stride) * per_lane;
 }
 
 // Draws the masks of the images that outputs first .. first + count - 1 lie

@@ -12,6 +12,12 @@ struct MaskDraws {
     stream: u32,
 }
 
+// The global index of the first of a 256-invocation workgroup's
+// invocations, on a grid folded into rows of `row_stride` invocations.
+fn first_invocation(wid: vec3<u32>, row_stride: u32) -> u32 {
+    return (wid.x + wid.y * (row_stride / 256u)) * 256u;
+}
+
 const MASK_TABLE: u32 = 1024u;
 var<workgroup> mask_table: array<f32, MASK_TABLE>;
 

@@ -81,7 +81,7 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 pub fn dropout(x: &Tensor, rate: f32, seed: u64, step: u32) -> Result<(Tensor, Tensor)> {
     check_operands("dropout", &[x])?;
     let plan = MaskPlan::new("dropout", x.dims(), rate, seed, step, ELEMENT_STREAM, 1, 1)?;
-    masked(x, rate, &plan)
+    masked(x, rate, &plan, DType::F32)
 }
 
 /// Spatial dropout for NHWC `x`: one draw per (n, c) drops or keeps a whole
@@ -107,32 +107,23 @@ pub fn spatial_dropout_as(
     const OP: &str = "spatial_dropout";
     check_operands(OP, &[x])?;
     let [n, h, w, c] = x.shape().nhwc(OP)?;
-    let f16_output = match output {
-        DType::F32 => false,
-        DType::F16 if c.is_multiple_of(4) => true,
-        _ => {
-            return Err(AetherError::InvalidShape {
-                op: OP,
-                shape: x.dims().to_vec(),
-                reason: format!(
-                    "output {output:?}: F32, or F16 where the channels divide by 4 ({c} here)"
-                ),
-            });
-        }
-    };
-    let plan = SpatialMask::new(OP, [n, h, w, c], rate, seed, step)?.plan;
-    if f16_output {
-        masked_f16(x, &plan)
-    } else {
-        masked(x, rate, &plan)
+    if !(output == DType::F32 || output == DType::F16 && c.is_multiple_of(4)) {
+        return Err(AetherError::InvalidShape {
+            op: OP,
+            shape: x.dims().to_vec(),
+            reason: format!(
+                "output {output:?}: F32, or F16 where the channels divide by 4 ({c} here)"
+            ),
+        });
     }
+    let plan = SpatialMask::new(OP, [n, h, w, c], rate, seed, step)?.plan;
+    masked(x, rate, &plan, output)
 }
 
 /// The spatial mask of NHWC `dims` for a kernel that folds spatial dropout
 /// in (max pooling): the words of its `MaskDraws` (spatial_mask.wgsl), checked
 /// as [`spatial_dropout`] checks them, and on the host the mask itself.
 pub(crate) struct SpatialMask {
-    pub draw_words: [u32; 6],
     plan: MaskPlan,
 }
 
@@ -156,10 +147,12 @@ impl SpatialMask {
             channels,
             map_span,
         )?;
-        Ok(Self {
-            draw_words: plan.draw_words(),
-            plan,
-        })
+        Ok(Self { plan })
+    }
+
+    /// The words of its `MaskDraws` (spatial_mask.wgsl).
+    pub(crate) fn draw_words(&self) -> [u32; 6] {
+        self.plan.draw_words()
     }
 
     /// The mask of `len` elements, as [`spatial_dropout`] returns it.
@@ -290,40 +283,28 @@ impl MaskPlan {
     }
 }
 
-/// `(x * mask, mask)` for an f32 `x` already checked; `x` itself at rate 0.
-fn masked(x: &Tensor, rate: f32, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
-    if let Some(xs) = x.host_f32() {
-        let device = x.device();
-        let mask = plan.host_mask(xs.len());
-        let y = if rate == 0.0 {
-            x.clone()
-        } else {
-            let y = xs.par_iter().zip(&mask).map(|(&v, &m)| v * m).collect();
-            Tensor::from_f32(x.dims().to_vec(), y, &device)?
-        };
-        return Ok((y, Tensor::from_f32(x.dims().to_vec(), mask, &device)?));
-    }
-    let (y, mask) = gpu_masked(x, plan, DType::F32)?;
-    Ok((if rate == 0.0 { x.clone() } else { y }, mask))
-}
-
-/// `(x * mask, mask)` with the product stored as f16, for an f32 NHWC `x`
-/// already checked whose channels divide by 4.
-fn masked_f16(x: &Tensor, plan: &MaskPlan) -> Result<(Tensor, Tensor)> {
-    if let Some(xs) = x.host_f32() {
-        let device = x.device();
-        let mask = plan.host_mask(xs.len());
-        let y = xs
-            .par_iter()
-            .zip(&mask)
-            .map(|(&v, &m)| f16::from_f32(v * m))
-            .collect();
-        return Ok((
-            Tensor::from_f16(x.dims().to_vec(), y, &device)?,
-            Tensor::from_f32(x.dims().to_vec(), mask, &device)?,
-        ));
-    }
-    gpu_masked(x, plan, DType::F16)
+/// `(x * mask, mask)` for an f32 `x` already checked, the product stored as
+/// `output`: F32 (`x` itself at rate 0), or F16 rounded from the f32 product
+/// (`x` NHWC with channels in fours).
+fn masked(x: &Tensor, rate: f32, plan: &MaskPlan, output: DType) -> Result<(Tensor, Tensor)> {
+    let keep_x = rate == 0.0 && output == DType::F32;
+    let Some(xs) = x.host_f32() else {
+        let (y, mask) = gpu_masked(x, plan, output)?;
+        return Ok((if keep_x { x.clone() } else { y }, mask));
+    };
+    let (dims, device) = (x.dims().to_vec(), x.device());
+    let mask = plan.host_mask(xs.len());
+    let products = || xs.par_iter().zip(&mask).map(|(&v, &m)| v * m);
+    let y = match output {
+        _ if keep_x => x.clone(),
+        DType::F16 => Tensor::from_f16(
+            dims.clone(),
+            products().map(f16::from_f32).collect(),
+            &device,
+        )?,
+        _ => Tensor::from_f32(dims.clone(), products().collect(), &device)?,
+    };
+    Ok((y, Tensor::from_f32(dims, mask, &device)?))
 }
 
 /// Records the forward kernel over GPU `x`: `(y, mask)` with `y` as F32

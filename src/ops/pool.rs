@@ -609,7 +609,7 @@ pub fn max_pool2d_dropout(
         &[gpu_buffer(x), gpu_buffer(&y), gpu_buffer(&argmax)],
         g.output_len() / per_lane,
         |row_stride| {
-            g.params_with(g.output_len(), row_stride, mask.draw_words)
+            g.params_with(g.output_len(), row_stride, mask.draw_words())
                 .to_vec()
         },
     )?;
@@ -648,7 +648,7 @@ pub fn max_pool2d_dropout_backward(
         &[gpu_buffer(dy), gpu_buffer(argmax), gpu_buffer(&dx)],
         g.output_len(),
         |row_stride| {
-            g.params_with(g.output_len(), row_stride, mask.draw_words)
+            g.params_with(g.output_len(), row_stride, mask.draw_words())
                 .to_vec()
         },
     )?;
