@@ -32,7 +32,7 @@ use std::time::Instant;
 use aether::conv::{ConvDirection, ConvShapeMeta};
 use aether::data::synthetic_images;
 use aether::gpu::{DevicePreference, GpuOptions};
-use aether::{Device, Model, Result};
+use aether::{Device, Model, Result, Tensor};
 use serde::Serialize;
 
 const USAGE: &str = "usage: cifar10_breakdown [--batch-size N] [--repeats N] \
@@ -111,6 +111,10 @@ struct Report {
     pipelined_ms_per_step: f64,
     /// Mean host time per step inside the pipelined loop.
     pipelined_host_ms: f64,
+    /// Pipelined, with the batch already on the device: ms per step and the
+    /// host's share of it (GPU devices only).
+    resident_pipelined_ms: Option<f64>,
+    resident_host_ms: Option<f64>,
     /// Host time to upload the batch and record the step (median).
     record_ms: f64,
     /// The first step, synchronised: pipeline compilation (or loading from the
@@ -203,16 +207,38 @@ fn run(args: &Args) -> Result<()> {
     // GPU running the previous one, as in `Model::train` between logging steps.
     // The host's share of it: when recording takes as long as the step, the
     // GPU waits on the host, and GPU-side savings do not show.
-    let start = Instant::now();
-    let mut pipelined_host_ms = 0.0;
-    for _ in 0..args.repeats {
-        let recording = Instant::now();
-        model.train_batch(&x, &y)?;
-        pipelined_host_ms += recording.elapsed().as_secs_f64() * 1e3;
-    }
-    sync()?;
-    let pipelined_ms_per_step = start.elapsed().as_secs_f64() * 1e3 / args.repeats as f64;
-    let pipelined_host_ms = pipelined_host_ms / args.repeats as f64;
+    let pipelined = |step: &mut dyn FnMut() -> Result<()>| -> Result<(f64, f64)> {
+        let start = Instant::now();
+        let mut host_ms = 0.0;
+        for _ in 0..args.repeats {
+            let recording = Instant::now();
+            step()?;
+            host_ms += recording.elapsed().as_secs_f64() * 1e3;
+        }
+        sync()?;
+        let repeats = args.repeats as f64;
+        Ok((
+            start.elapsed().as_secs_f64() * 1e3 / repeats,
+            host_ms / repeats,
+        ))
+    };
+    let (pipelined_ms_per_step, pipelined_host_ms) =
+        pipelined(&mut || model.train_batch(&x, &y).map(drop))?;
+    // The same steps on a batch already on the device (`Model::train_tensors`,
+    // uploaded as the model would: f16 where its first layer rounds to f16):
+    // the difference is the host's cost of converting and uploading a batch.
+    let resident = match device.gpu_context() {
+        Some(_) => {
+            let dims = [batch, 32, 32, 3];
+            let xb = match model.f16_input() {
+                true => Tensor::from_f32_as_f16(dims, &x, &device)?,
+                false => Tensor::from_f32_slice(dims, &x, &device)?,
+            };
+            let yb = Tensor::from_u32(vec![batch], y.clone(), &device)?;
+            Some(pipelined(&mut || model.train_tensors(&xb, &yb).map(drop))?)
+        }
+        None => None,
+    };
     let mut report = Report {
         adapter,
         batch,
@@ -220,6 +246,8 @@ fn run(args: &Args) -> Result<()> {
         ms_per_step,
         pipelined_ms_per_step,
         pipelined_host_ms,
+        resident_pipelined_ms: resident.map(|r| r.0),
+        resident_host_ms: resident.map(|r| r.1),
         record_ms,
         first_step_ms,
         images_per_s: batch as f64 / ms_per_step * 1e3,
@@ -366,6 +394,12 @@ fn print_report(r: &Report) {
         r.pipelined_host_ms,
         r.record_ms
     );
+    if let (Some(ms), Some(host)) = (r.resident_pipelined_ms, r.resident_host_ms) {
+        println!(
+            "batch already on the GPU (train_tensors): pipelined {ms:.3} ms/step ({host:.3} ms \
+             of it on the host)"
+        );
+    }
     println!(
         "first step {:.1} ms (pipelines compiled, or loaded from the persistent cache)",
         r.first_step_ms

@@ -18,7 +18,7 @@ use crate::error::{AetherError, Result};
 use crate::nn::{Layer, LayerSpec, Mode};
 use crate::ops::loss::{correct_count, cross_entropy, softmax, softmax_cross_entropy};
 use crate::optim::{Adam, Param, regularization_loss};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// The training loss.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -386,34 +386,13 @@ impl Model {
     }
 
     fn batch_tensor(&self, x: &[f32], indices: &[usize]) -> Result<Tensor> {
-        let shape = self.input_shape()?;
-        let per: usize = shape.iter().product();
-        let dims = crate::nn::batched_dims(indices.len(), shape);
-        // A first layer that rounds its input to f16 anyway gets it uploaded
-        // as f16: half the bytes (docs/perf-notes.md, entry 49).
-        let as_f16 = self
-            .layers
-            .first()
-            .is_some_and(|l| l.rounds_input_to_f16(&self.device));
-        let upload = |data: &[f32]| {
-            if as_f16 {
-                Tensor::from_f32_as_f16(dims.clone(), data, &self.device)
-            } else {
-                Tensor::from_f32_slice(dims.clone(), data, &self.device)
-            }
+        let dims = crate::nn::batched_dims(indices.len(), self.input_shape()?);
+        let dtype = if self.f16_input() {
+            DType::F16
+        } else {
+            DType::F32
         };
-        // Consecutive samples (a whole batch, as `train_batch` passes) are one
-        // slice of `x`: uploaded from there, without gathering a copy first.
-        if let [first, ..] = indices
-            && indices.iter().enumerate().all(|(k, &i)| i == first + k)
-        {
-            return upload(&x[first * per..(first + indices.len()) * per]);
-        }
-        let mut data = Vec::with_capacity(indices.len() * per);
-        for &i in indices {
-            data.extend_from_slice(&x[i * per..(i + 1) * per]);
-        }
-        upload(&data)
+        Tensor::from_f32_rows(dims, x, indices, dtype, &self.device)
     }
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
@@ -451,6 +430,16 @@ impl Model {
             return Ok(None);
         }
         Ok(Some(regularization_loss(&terms)?.to_vec_f32()?[0]))
+    }
+
+    /// Whether host batches go to the device as f16: a first layer that rounds
+    /// its input to f16 anyway gets it that way, half the bytes
+    /// (docs/perf-notes.md, entry 49). A batch for [`Model::train_tensors`]
+    /// made the same way trains exactly as [`Model::train_batch`] would.
+    pub fn f16_input(&self) -> bool {
+        self.layers
+            .first()
+            .is_some_and(|l| l.rounds_input_to_f16(&self.device))
     }
 
     /// One optimizer step on a batch of host data; returns the loss and the

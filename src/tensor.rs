@@ -13,7 +13,7 @@ use half::f16;
 
 use crate::device::Device;
 use crate::error::{AetherError, Result};
-use crate::gpu::{GpuContext, GpuSlice, PooledBuffer};
+use crate::gpu::{GpuContext, GpuSlice, PooledBuffer, in_jobs, write_f32s};
 
 /// Element type of a tensor's storage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -173,7 +173,9 @@ impl Tensor {
             Device::Gpu(ctx) => {
                 let shape = Shape::new(dims)?;
                 check_len(&shape, data.len())?;
-                Self::upload(ctx, shape, DType::F32, bytemuck::cast_slice(data))
+                Self::upload_with(ctx, shape, DType::F32, |dst| {
+                    write_f32s(dst, &in_jobs(data), DType::F32)
+                })
             }
         }
     }
@@ -206,18 +208,63 @@ impl Tensor {
             let rounded = data.iter().map(|&v| f16::from_f32(v)).collect();
             return Self::from_f16(shape.dims().to_vec(), rounded, device);
         };
-        Self::upload_with(ctx, shape, DType::F16, |mut dst| {
-            use half::slice::HalfFloatSliceExt;
-            const BLOCK: usize = 2048;
-            let mut block = [f16::ZERO; BLOCK];
-            for (i, values) in data.chunks(BLOCK).enumerate() {
-                let rounded = &mut block[..values.len()];
-                rounded.convert_from_f32_slice(values);
-                let at = 2 * BLOCK * i;
-                dst.slice(at..at + 2 * values.len())
-                    .copy_from_slice(bytemuck::cast_slice(rounded));
-            }
+        Self::upload_with(ctx, shape, DType::F16, |dst| {
+            write_f32s(dst, &in_jobs(data), DType::F16)
         })
+    }
+
+    /// The rows `rows` of `x` (a host array of `x.len() / row_len` rows of
+    /// `row_len` values), in that order, as one tensor of shape `dims`
+    /// (`dims[0] == rows.len()`), stored as `dtype`: F32, or F16 rounded to
+    /// nearest as `half::f16::from_f32` rounds. This is how a shuffled batch
+    /// goes to a GPU: each row straight into the upload's staging memory, no
+    /// gathered copy on the host.
+    pub fn from_f32_rows(
+        dims: impl Into<Vec<usize>>,
+        x: &[f32],
+        rows: &[usize],
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let shape = Shape::new(dims)?;
+        let invalid = |reason: String| AetherError::InvalidShape {
+            op: "Tensor::from_f32_rows",
+            shape: shape.dims().to_vec(),
+            reason,
+        };
+        if shape.dims()[0] != rows.len() {
+            return Err(invalid(format!(
+                "{} rows for its first dimension",
+                rows.len()
+            )));
+        }
+        if dtype == DType::U32 {
+            return Err(invalid("U32 is not a float type".into()));
+        }
+        let row_len = shape.numel() / rows.len();
+        let available = x.len() / row_len;
+        if let Some(&bad) = rows.iter().find(|&&r| r >= available) {
+            return Err(invalid(format!(
+                "row {bad} of an array of {available} rows of {row_len} values ({} values)",
+                x.len()
+            )));
+        }
+        let sources: Vec<&[f32]> = rows
+            .iter()
+            .map(|&r| &x[r * row_len..(r + 1) * row_len])
+            .collect();
+        match device {
+            Device::Gpu(ctx) => {
+                Self::upload_with(ctx, shape, dtype, |dst| write_f32s(dst, &sources, dtype))
+            }
+            Device::Cpu => {
+                let data = sources.concat();
+                match dtype {
+                    DType::F16 => Self::from_f32_as_f16(shape.dims().to_vec(), &data, device),
+                    _ => Self::from_f32(shape.dims().to_vec(), data, device),
+                }
+            }
+        }
     }
 
     /// A u32 tensor from host data, placed on `device`.

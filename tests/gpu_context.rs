@@ -11,7 +11,7 @@ use half::f16;
 use aether::conv::Padding;
 use aether::gpu::{DevicePreference, GpuContext, GpuOptions, PipelineKey};
 use aether::nn::{BatchNorm, Conv2d, Dense, GlobalAvgPool, MaxPool2d, ReLU};
-use aether::{Device, Model, Tensor, diagnostics};
+use aether::{DType, Device, Model, Tensor, diagnostics};
 use common::{Rng, report, skip, test_gpu_options};
 
 /// A private context for one test, or `None` after a visible skip.
@@ -216,6 +216,96 @@ fn values_uploaded_as_f16_are_rounded_to_nearest_even() {
             .collect();
         assert_eq!(bits, expected, "on {device:?}");
     }
+}
+
+/// Uploads of several jobs' worth of values are written by several threads
+/// (src/gpu/host_write.rs): every value lands in its place, f32 exactly and f16
+/// rounded as `f16::from_f32`, up to an odd last job.
+#[test]
+fn large_uploads_arrive_whole_as_f32_and_f16() {
+    let Some(device) = common::gpu() else { return };
+    let len = 3 * 65536 + 1001;
+    let values: Vec<f32> = Rng::fresh().vec(len).iter().map(|v| v * 1000.0).collect();
+    let t = Tensor::from_f32_slice(vec![len], &values, &device).unwrap();
+    assert_eq!(t.to_vec_f32().unwrap(), values);
+    let t = Tensor::from_f32_as_f16(vec![len], &values, &device).unwrap();
+    let expected: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+    assert_eq!(t.to_vec_f16().unwrap(), expected);
+}
+
+/// `Tensor::from_f32_rows` gathers rows in the order given, repeats included,
+/// the same on every device and in both float types; rows past the array, a
+/// row count that is not the first dimension and U32 are errors that say so.
+#[test]
+fn rows_are_gathered_in_order_as_f32_and_f16() {
+    let row_len = 3 * 5 * 7;
+    let available = 2003;
+    let x = Rng::fresh().vec(available * row_len);
+    let rows: Vec<usize> = (0..2000)
+        .map(|i| (i * 389 + 17) % available)
+        .chain([5, 5])
+        .collect();
+    let gathered: Vec<f32> = rows
+        .iter()
+        .flat_map(|&r| x[r * row_len..(r + 1) * row_len].iter().copied())
+        .collect();
+    let rounded: Vec<f16> = gathered.iter().map(|&v| f16::from_f32(v)).collect();
+    let dims = vec![rows.len(), 3, 5, 7];
+    for device in [Some(Device::Cpu), common::gpu()].into_iter().flatten() {
+        let t = Tensor::from_f32_rows(dims.clone(), &x, &rows, DType::F32, &device).unwrap();
+        assert_eq!(t.to_vec_f32().unwrap(), gathered, "f32 on {device:?}");
+        let t = Tensor::from_f32_rows(dims.clone(), &x, &rows, DType::F16, &device).unwrap();
+        assert_eq!(t.to_vec_f16().unwrap(), rounded, "f16 on {device:?}");
+        let past =
+            Tensor::from_f32_rows(vec![2, 3, 5, 7], &x, &[0, available], DType::F32, &device);
+        let message = past.unwrap_err().to_string();
+        assert!(
+            message.contains(&format!("row {available} of an array of {available} rows")),
+            "{message}"
+        );
+        let count = Tensor::from_f32_rows(vec![3, 3, 5, 7], &x, &[0, 1], DType::F32, &device);
+        assert!(
+            count
+                .unwrap_err()
+                .to_string()
+                .contains("2 rows for its first dimension")
+        );
+        let u32s = Tensor::from_f32_rows(vec![2, 3, 5, 7], &x, &[0, 1], DType::U32, &device);
+        assert!(u32s.unwrap_err().to_string().contains("U32"));
+    }
+}
+
+/// Uploads with no command after them still reach the GPU at a flush (an
+/// empty submission): wgpu holds their staging memory until a submission, and
+/// a loop of uploads alone would otherwise grow it without end. Consecutive
+/// uploads share one submission, and a flush with nothing pending submits
+/// nothing.
+#[test]
+fn a_flush_delivers_uploads_that_no_command_follows() {
+    let Some(ctx) = own_context(&test_gpu_options()) else {
+        return;
+    };
+    let device = Device::Gpu(Arc::clone(&ctx));
+    let values = Rng::fresh().vec(1000);
+    let before = ctx.submission_count();
+    let a = Tensor::from_f32_slice(vec![1000], &values, &device).unwrap();
+    let b = Tensor::from_f32_as_f16(vec![1000], &values, &device).unwrap();
+    assert_eq!(ctx.submission_count(), before, "uploads wait for a flush");
+    ctx.flush();
+    assert_eq!(
+        ctx.submission_count(),
+        before + 1,
+        "one submission for both uploads"
+    );
+    ctx.flush();
+    assert_eq!(
+        ctx.submission_count(),
+        before + 1,
+        "nothing pending, nothing submitted"
+    );
+    assert_eq!(a.to_vec_f32().unwrap(), values);
+    let rounded: Vec<f16> = values.iter().map(|&v| f16::from_f32(v)).collect();
+    assert_eq!(b.to_vec_f16().unwrap(), rounded);
 }
 
 /// wgpu uploads whole 4-byte words: an odd count of f16 values still arrives

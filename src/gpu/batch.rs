@@ -60,6 +60,10 @@ pub(crate) struct Batch {
     submissions: usize,
     /// Dispatches recorded since the last submission.
     unsubmitted: usize,
+    /// Uploads written since the last submission: wgpu copies them out of its
+    /// staging memory at the next submission, so a flush with no commands
+    /// still submits (an empty submission) to deliver them and free that memory.
+    uploads: bool,
     /// Since the host last waited for the GPU (and submitted nothing but
     /// early submissions): the count of unsubmitted dispatches at which the
     /// next early submission is made (see the module doc).
@@ -194,7 +198,7 @@ impl GpuContext {
             && batch.unsubmitted >= at
         {
             batch.early_submit_at = Some(2 * at);
-            self.submit(&mut batch);
+            self.submit(&mut batch, true);
         }
         Ok(())
     }
@@ -216,23 +220,33 @@ impl GpuContext {
             .copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
     }
 
-    /// Submits the pending batch, if any, as one command buffer.
+    /// Submits the pending batch, if any, as one command buffer; uploads
+    /// written since the last submission go with it (or alone).
     pub fn flush(&self) {
+        self.flush_with(true);
+    }
+
+    /// [`GpuContext::flush`]; with `uploads` false, pending uploads alone are
+    /// not worth a submission: they stay for the next one.
+    fn flush_with(&self, uploads: bool) {
         let mut batch = self.batch();
-        if self.submit(&mut batch) {
+        if self.submit(&mut batch, uploads) {
             // The host did not wait for this: the GPU is busy now.
             batch.early_submit_at = None;
         }
     }
 
-    /// Submits `batch`'s pending work, if any; true when there was some.
-    fn submit(&self, batch: &mut Batch) -> bool {
+    /// Submits `batch`'s recorded commands, or only its pending uploads (an
+    /// empty submission) where `uploads` asks for them; true when it submitted.
+    fn submit(&self, batch: &mut Batch, uploads: bool) -> bool {
         batch.pass = None;
         batch.unsubmitted = 0;
-        let Some(encoder) = batch.encoder.take() else {
-            return false;
+        match batch.encoder.take() {
+            Some(encoder) => self.queue.submit([encoder.finish()]),
+            None if uploads && batch.uploads => self.queue.submit([]),
+            None => return false,
         };
-        self.queue.submit([encoder.finish()]);
+        batch.uploads = false;
         batch.submissions += 1;
         batch.params.clear();
         true
@@ -346,7 +360,9 @@ impl GpuContext {
         bytes: u64,
         fill: impl FnOnce(wgpu::WriteOnly<'_, [u8]>),
     ) {
-        self.flush();
+        // Commands recorded so far read the buffer as it was; uploads before
+        // this one are ordered with it anyway, so they need no submission yet.
+        self.flush_with(false);
         let Some(size) = wgpu::BufferSize::new(bytes) else {
             return;
         };
@@ -358,6 +374,7 @@ impl GpuContext {
         {
             fill(view.slice(..));
         }
+        self.batch().uploads = true;
     }
 
     /// Submits pending work and copies the first `bytes` of `slice` to the host.
