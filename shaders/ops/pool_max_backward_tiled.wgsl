@@ -10,12 +10,16 @@
 @group(0) @binding(1) var<storage, read> argmax: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dx: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
+// main_dropout4's views: four channels of one pixel at a time.
+@group(0) @binding(0) var<storage, read> dy4: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> argmax4: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> dx4: array<vec4<f32>>;
 
-// Writes output `o`'s window of dx: gradient `g` at the argmax, 0 elsewhere.
-fn scatter_window(o: u32, g: f32) {
+// Writes output `o`'s window of dx: gradient `g` at `winner` (the window's
+// argmax), 0 elsewhere.
+fn scatter_window(o: u32, g: f32, winner: u32) {
     let at = nhwc_position(o, params.h_out, params.w_out);
     let grad = select(g, 0.0, bitcast<u32>(g) == 0x80000000u);
-    let winner = argmax[o];
     for (var r = 0u; r < params.filter_h; r++) {
         for (var s = 0u; s < params.filter_w; s++) {
             let i = input_index(at.n, at.row * params.stride_h + r, at.col * params.stride_w + s, at.ch);
@@ -28,7 +32,7 @@ fn scatter_window(o: u32, g: f32) {
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let o = gid.x + gid.y * params.row_stride;
     if (o < params.len) {
-        scatter_window(o, dy[o]);
+        scatter_window(o, dy[o], argmax[o]);
     }
 }
 
@@ -42,9 +46,56 @@ fn main_dropout(
 ) {
     let first = first_output(wid, 1u);
     let tabled = fill_pool_masks(first, 256u, lidx);
-    workgroupBarrier();
+    // Before the barrier: dy and the argmax load while the table's draws run
+    // (docs/perf-notes.md, entry 69).
     let o = first + lidx;
-    if (o < params.len) {
-        scatter_window(o, dy[o] * pool_mask(tabled, first, o));
+    let live = o < params.len;
+    var g = 0.0;
+    var winner = 0u;
+    if (live) {
+        g = dy[o];
+        winner = argmax[o];
+    }
+    workgroupBarrier();
+    if (live) {
+        scatter_window(o, g * pool_mask(tabled, first, o), winner);
+    }
+}
+
+// `main_dropout` for four channels of one pixel an invocation (C % 4 == 0,
+// the host checks): 16-byte loads and stores, the same bits per channel.
+@compute @workgroup_size(256)
+fn main_dropout4(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    // Here `len` counts outputs; an invocation takes outputs o .. o + 3.
+    let first = first_output(wid, 4u);
+    let tabled = fill_pool_masks(first, 1024u, lidx);
+    let o = first + 4u * lidx;
+    let live = o < params.len;
+    var g = vec4(0.0);
+    var winner = vec4(0u);
+    if (live) {
+        g = dy4[o / 4u];
+        winner = argmax4[o / 4u];
+    }
+    workgroupBarrier();
+    if (!live) {
+        return;
+    }
+    var m: vec4<f32>;
+    for (var k = 0u; k < 4u; k++) {
+        m[k] = pool_mask(tabled, first, o + k);
+    }
+    let masked = g * m;
+    let grad = select(masked, vec4(0.0), bitcast<vec4<u32>>(masked) == vec4(0x80000000u));
+    let at = nhwc_position(o, params.h_out, params.w_out);
+    let lanes = vec4(0u, 1u, 2u, 3u);
+    for (var r = 0u; r < params.filter_h; r++) {
+        for (var s = 0u; s < params.filter_w; s++) {
+            let i = input_index(at.n, at.row * params.stride_h + r, at.col * params.stride_w + s, at.ch);
+            dx4[i / 4u] = select(vec4(0.0), grad, vec4(i) + lanes == winner);
+        }
     }
 }

@@ -3,12 +3,60 @@
 // is ops::dropout's spatial mask, drawn once per workgroup (pool_mask.wgsl).
 // Bit-identical to max pooling then spatial dropout: the same max bits, the same
 // f32 product. Appended to pool_max_forward.wgsl (its bindings and window_max).
-// `main_dropout`: y as f32, an invocation per output.
-// `main_dropout_f16`: y as f16 (f16_bits.wgsl, bit-exact with half of the f32
-// product) for a conv after it that rounds its input anyway; an invocation per
-// four channels (C % 4 == 0, the host checks), so it writes whole 8-byte words.
+// `main_dropout`: y as f32, an invocation per output, any channel count.
+// Where C % 4 == 0 (the host checks) an invocation takes four channels of one
+// pixel, loading and storing 16 bytes at a time (window_max4, entry 69):
+// `main_dropout4` writes y as f32; `main_dropout_f16` as f16 (f16_bits.wgsl,
+// bit-exact with half of the f32 product) for a conv after it that rounds its
+// input anyway.
+// All find their windows' maxima between drawing the masks and the barrier
+// after it: the other invocations' loads are in flight while the few that draw
+// run Philox (docs/perf-notes.md, entry 69).
 
+@group(0) @binding(0) var<storage, read> x4: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> y4: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read_write> y_f16: array<vec2<u32>>;
+@group(0) @binding(2) var<storage, read_write> argmax4: array<vec4<u32>>;
+
+// window_max for outputs o .. o + 3 (four channels of one pixel, o % 4 == 0):
+// the same scan and the same decisions, per channel, on 16-byte loads. The
+// decisions stay scalar, with window_max's short-circuits: evaluated on whole
+// vectors, the float compare saw NaN lanes, and Mesa 26's lavapipe (LLVM 19)
+// then dropped NaNs that should have won.
+fn window_max4(o: u32) -> array<vec4<u32>, 2> {
+    let at = nhwc_position(o, params.h_out, params.w_out);
+    let rows = window_span(at.row, params.stride_h, params.pad_top, params.filter_h, params.h);
+    let cols = window_span(at.col, params.stride_w, params.pad_left, params.filter_w, params.w);
+    let first = input_index(at.n, rows.x, cols.x, at.ch);
+    var best_index = vec4(first) + vec4(0u, 1u, 2u, 3u);
+    var best_bits = x4[first / 4u];
+    for (var r = rows.x; r < rows.y; r++) {
+        for (var s = cols.x; s < cols.y; s++) {
+            let i = input_index(at.n, r, s, at.ch);
+            let bits = x4[i / 4u];
+            for (var k = 0u; k < 4u; k++) {
+                let candidate_nan = is_nan_bits(bits[k]);
+                let best_nan = is_nan_bits(best_bits[k]);
+                let greater = !candidate_nan && !best_nan
+                    && bitcast<f32>(bits[k]) > bitcast<f32>(best_bits[k]);
+                if (greater || (candidate_nan && !best_nan)) {
+                    best_bits[k] = bits[k];
+                    best_index[k] = i + k;
+                }
+            }
+        }
+    }
+    return array(best_bits, best_index);
+}
+
+// The masks of outputs o .. o + 3.
+fn pool_masks4(tabled: bool, first: u32, o: u32) -> vec4<f32> {
+    var m: vec4<f32>;
+    for (var k = 0u; k < 4u; k++) {
+        m[k] = pool_mask(tabled, first, o + k);
+    }
+    return m;
+}
 
 @compute @workgroup_size(256)
 fn main_dropout(
@@ -17,14 +65,41 @@ fn main_dropout(
 ) {
     let first = first_output(wid, 1u);
     let tabled = fill_pool_masks(first, 256u, lidx);
-    workgroupBarrier();
+    // Before the barrier: the windows load while the table's draws run.
     let o = first + lidx;
-    if (o >= params.len) {
+    let live = o < params.len;
+    var best = vec2(0u);
+    if (live) {
+        best = window_max(o);
+    }
+    workgroupBarrier();
+    if (!live) {
         return;
     }
-    let best = window_max(o);
     y[o] = bitcast<u32>(bitcast<f32>(best.x) * pool_mask(tabled, first, o));
     argmax[o] = best.y;
+}
+
+@compute @workgroup_size(256)
+fn main_dropout4(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    // Here `len` counts outputs; an invocation takes outputs o .. o + 3.
+    let first = first_output(wid, 4u);
+    let tabled = fill_pool_masks(first, 1024u, lidx);
+    let o = first + 4u * lidx;
+    let live = o < params.len;
+    var best: array<vec4<u32>, 2>;
+    if (live) {
+        best = window_max4(o);
+    }
+    workgroupBarrier();
+    if (!live) {
+        return;
+    }
+    y4[o / 4u] = bitcast<vec4<u32>>(bitcast<vec4<f32>>(best[0]) * pool_masks4(tabled, first, o));
+    argmax4[o / 4u] = best[1];
 }
 
 @compute @workgroup_size(256)
@@ -32,20 +107,19 @@ fn main_dropout_f16(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lidx: u32,
 ) {
-    // Here `len` counts outputs; an invocation takes outputs o .. o + 3.
     let first = first_output(wid, 4u);
     let tabled = fill_pool_masks(first, 1024u, lidx);
-    workgroupBarrier();
     let o = first + 4u * lidx;
-    if (o >= params.len) {
+    let live = o < params.len;
+    var best: array<vec4<u32>, 2>;
+    if (live) {
+        best = window_max4(o);
+    }
+    workgroupBarrier();
+    if (!live) {
         return;
     }
-    var v: vec4<f32>;
-    for (var k = 0u; k < 4u; k++) {
-        let best = window_max(o + k);
-        v[k] = bitcast<f32>(best.x) * pool_mask(tabled, first, o + k);
-        argmax[o + k] = best.y;
-    }
-    let h = f16_bits4(bitcast<vec4<u32>>(v));
+    let h = f16_bits4(bitcast<vec4<u32>>(bitcast<vec4<f32>>(best[0]) * pool_masks4(tabled, first, o)));
     y_f16[o / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
+    argmax4[o / 4u] = best[1];
 }

@@ -597,8 +597,10 @@ pub fn max_pool2d_dropout(
     let ctx = gpu_context(x);
     let y = Tensor::uninit_gpu(ctx, Shape::new(g.output_dims())?, output)?;
     let argmax = Tensor::uninit_gpu(ctx, Shape::new(g.output_dims())?, DType::U32)?;
+    // Four channels an invocation where they come in fours (f16 always does).
     let (key, per_lane) = match output {
         DType::F16 => (("pool_max_forward_dropout_f16", "main_dropout_f16"), 4),
+        _ if g.c.is_multiple_of(4) => (("pool_max_forward_dropout4", "main_dropout4"), 4),
         _ => (("pool_max_forward_dropout", "main_dropout"), 1),
     };
     launch_entry(
@@ -640,13 +642,17 @@ pub fn max_pool2d_dropout_backward(
     }
     let ctx = gpu_context(dy);
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
+    let (key, per_lane) = match g.c.is_multiple_of(4) {
+        true => (("pool_max_backward_tiled_dropout4", "main_dropout4"), 4),
+        false => (("pool_max_backward_tiled_dropout", "main_dropout"), 1),
+    };
     launch_entry(
         ctx,
-        ("pool_max_backward_tiled_dropout", "main_dropout"),
+        key,
         "pool_max_backward_tiled",
         MAX_BACKWARD_TILED,
         &[gpu_buffer(dy), gpu_buffer(argmax), gpu_buffer(&dx)],
-        g.output_len(),
+        g.output_len() / per_lane,
         |row_stride| {
             g.params_with(g.output_len(), row_stride, mask.draw_words())
                 .to_vec()
