@@ -31,3 +31,11 @@ fn pool_mask(tabled: bool, first: u32, o: u32) -> f32 {
     let span = params.h_out * params.w_out * params.c;
     return table_mask(pool_mask_draws(), tabled, first / span, o / span, o % params.c, params.c);
 }
+
+// Whether the dropout keeps every value unscaled (rate 0): the max is then y
+// itself, as the separate dropout returns its input at rate 0. A product by
+// 1.0 would give the same values but not always the same NaN bits (NVIDIA
+// returns its own NaN for NaN * 1.0).
+fn mask_is_identity() -> bool {
+    return params.mask_threshold == 0u && params.mask_scale == 1.0;
+}

@@ -3,7 +3,8 @@
 // is ops::dropout's spatial mask, drawn once per workgroup (pool_mask.wgsl).
 // Bit-identical to max pooling then spatial dropout: the same max bits, the same
 // f32 product. Appended to pool_max_forward.wgsl (its bindings and window_max).
-// `main_dropout`: y as f32, an invocation per output, any channel count.
+// `main_dropout`: y as f32, an invocation per output, any channel count; at
+// rate 0 the max's own bits (mask_is_identity).
 // Where C % 4 == 0 (the host checks) an invocation takes four channels of one
 // pixel, loading and storing 16 bytes at a time (window_max4, entry 69):
 // `main_dropout4` writes y as f32; `main_dropout_f16` as f16 (f16_bits.wgsl,
@@ -76,7 +77,8 @@ fn main_dropout(
     if (!live) {
         return;
     }
-    y[o] = bitcast<u32>(bitcast<f32>(best.x) * pool_mask(tabled, first, o));
+    let product = bitcast<u32>(bitcast<f32>(best.x) * pool_mask(tabled, first, o));
+    y[o] = select(product, best.x, mask_is_identity());
     argmax[o] = best.y;
 }
 
@@ -98,7 +100,8 @@ fn main_dropout4(
     if (!live) {
         return;
     }
-    y4[o / 4u] = bitcast<vec4<u32>>(bitcast<vec4<f32>>(best[0]) * pool_masks4(tabled, first, o));
+    let product = bitcast<vec4<u32>>(bitcast<vec4<f32>>(best[0]) * pool_masks4(tabled, first, o));
+    y4[o / 4u] = select(product, best[0], mask_is_identity());
     argmax4[o / 4u] = best[1];
 }
 
