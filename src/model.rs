@@ -16,7 +16,10 @@ use crate::conv::PlannedLaunch;
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::nn::{Layer, LayerSpec, Mode};
-use crate::ops::loss::{correct_count, cross_entropy, softmax, softmax_cross_entropy};
+use crate::ops::loss::{
+    correct_count, cross_entropy, softmax, softmax_cross_entropy,
+    softmax_cross_entropy_with_correct,
+};
 use crate::optim::{Adam, Param, regularization_loss};
 use crate::tensor::{DType, Tensor};
 
@@ -421,6 +424,20 @@ impl Model {
         }
     }
 
+    /// The loss, the count of correct rows and the loss's gradient: for the
+    /// softmax loss in one GPU dispatch where the batch allows.
+    fn loss_grad_and_correct(
+        &self,
+        out: &Tensor,
+        labels: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        if let Some(Loss::SoftmaxCrossEntropy { label_smoothing }) = self.loss {
+            return softmax_cross_entropy_with_correct(out, labels, label_smoothing);
+        }
+        let (loss, grad) = self.loss_and_grad(out, labels)?;
+        Ok((loss, correct_count(out, labels)?, grad))
+    }
+
     /// The sum of every layer's L1/L2 penalties (one GPU reduction over all of
     /// them), or `None` when no layer is regularised. Computed only when asked.
     pub fn regularization_loss(&self) -> Result<Option<f32>> {
@@ -466,9 +483,7 @@ impl Model {
         };
         let out = self.forward(x, mode)?;
         self.timing_scope(|| "loss".into());
-        let (loss, dout) = self.loss_and_grad(&out, labels)?;
-        let correct = correct_count(&out, labels)?;
-        let mut grad = dout;
+        let (loss, correct, mut grad) = self.loss_grad_and_correct(&out, labels)?;
         for i in (0..self.layers.len()).rev() {
             if self.is_folded(i) {
                 continue;

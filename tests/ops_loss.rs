@@ -7,6 +7,7 @@ mod common;
 
 use aether::ops::loss::{
     correct_count, cross_entropy, softmax, softmax_backward, softmax_cross_entropy,
+    softmax_cross_entropy_with_correct,
 };
 use aether::{AetherError, Device, Tensor};
 use common::Rng;
@@ -429,6 +430,63 @@ test_device!(losses_are_bit_identical_across_runs, |device: &Device| {
     assert!(first.0[0] != 0 && first.2[0] != 0, "losses are not zero");
     assert_eq!(first, run(), "seed {}", rng.seed);
 });
+
+// The step's fused loss, count and gradient (one dispatch on a GPU up to 256
+// rows) give the bits of the two separate ops, at 1, 7, 256 and 300 rows (300
+// takes the separate path), with ties in some rows and, on a GPU, labels that
+// match no class.
+test_device!(
+    loss_with_correct_count_is_bit_identical_to_the_two,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.to_vec_f32()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        for rows in [1, 7, 256, 300] {
+            for (classes, smoothing) in [(10, 0.05f32), (3, 0.0)] {
+                let mut logits = random_logits(&mut rng, rows, classes, 3.0);
+                for row in (0..rows).step_by(5) {
+                    logits[row * classes + 1] = logits[row * classes];
+                }
+                let mut labels = random_labels(&mut rng, rows, classes);
+                // Right answers too, so the count is neither 0 nor all rows.
+                for row in (0..rows).step_by(3) {
+                    labels[row] =
+                        first_argmax(&widen(&logits[row * classes..(row + 1) * classes])) as u32;
+                }
+                if device.gpu_context().is_some() && rows > 1 {
+                    labels[rows / 2] = classes as u32;
+                }
+                let what = format!("{rows} rows of {classes} (seed {})", rng.seed);
+                let logits = matrix(&logits, classes, device);
+                let labels = labels_tensor(&labels, device);
+                let (loss, correct, dlogits) =
+                    softmax_cross_entropy_with_correct(&logits, &labels, smoothing).unwrap();
+                let (want_loss, want_dlogits) =
+                    softmax_cross_entropy(&logits, &labels, smoothing).unwrap();
+                let want_correct = correct_count(&logits, &labels)
+                    .unwrap()
+                    .to_vec_u32()
+                    .unwrap();
+                assert_eq!(bits(&loss), bits(&want_loss), "loss of {what}");
+                assert_eq!(bits(&dlogits), bits(&want_dlogits), "dlogits of {what}");
+                assert_eq!(
+                    correct.to_vec_u32().unwrap(),
+                    want_correct,
+                    "correct of {what}"
+                );
+                assert!(
+                    rows < 3 || (want_correct[0] > 0 && (want_correct[0] as usize) < rows),
+                    "{what}"
+                );
+            }
+        }
+    }
+);
 
 test_device!(out_of_range_labels, |device: &Device| {
     let mut rng = Rng::fresh();

@@ -30,15 +30,22 @@ use crate::tensor::{DType, Shape, Tensor};
 const COMMON: &str = include_str!("../../shaders/ops/loss_common.wgsl");
 const SOFTMAX: &str = include_str!("../../shaders/ops/loss_softmax.wgsl");
 const SOFTMAX_BACKWARD: &str = include_str!("../../shaders/ops/loss_softmax_backward.wgsl");
-const SOFTMAX_CROSS_ENTROPY: &str =
-    include_str!("../../shaders/ops/loss_softmax_cross_entropy.wgsl");
+const SOFTMAX_CROSS_ENTROPY: &str = concat!(
+    include_str!("../../shaders/ops/loss_softmax_cross_entropy_row.wgsl"),
+    include_str!("../../shaders/ops/loss_softmax_cross_entropy.wgsl")
+);
+const SOFTMAX_CROSS_ENTROPY_SUMS: &str = concat!(
+    include_str!("../../shaders/ops/loss_softmax_cross_entropy_row.wgsl"),
+    include_str!("../../shaders/ops/loss_softmax_cross_entropy_sums.wgsl")
+);
 const CROSS_ENTROPY: &str = include_str!("../../shaders/ops/loss_cross_entropy.wgsl");
 const CORRECT: &str = include_str!("../../shaders/ops/loss_correct.wgsl");
 const SUM: &str = include_str!("../../shaders/ops/loss_sum.wgsl");
 
 /// `@workgroup_size` of the row kernels (one thread per row).
 const ROWS_PER_WORKGROUP: u32 = 64;
-/// `@workgroup_size` of `loss_sum.wgsl`: values added per workgroup and level.
+/// `@workgroup_size` of `loss_sum.wgsl`: values added per workgroup and level;
+/// also the most rows `loss_softmax_cross_entropy_sums.wgsl` takes.
 const SUM_WORKGROUP: u32 = 256;
 
 /// Probabilities are clipped to `[P_MIN, P_MAX]` before the log, as in Aether-ML
@@ -176,6 +183,48 @@ pub fn softmax_cross_entropy(
         label_smoothing,
     )?;
     Ok((sum_in_order(ctx, row_losses)?, dlogits))
+}
+
+/// [`softmax_cross_entropy`] and [`correct_count`] of the same logits and
+/// labels, as a training step needs them: `(loss, correct, dlogits)`. On a GPU
+/// up to 256 rows take one dispatch for all three, with the same bits as the
+/// two functions' four dispatches (the row losses are added by the same tree).
+pub fn softmax_cross_entropy_with_correct(
+    logits: &Tensor,
+    labels: &Tensor,
+    label_smoothing: f32,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let op = "softmax_cross_entropy_with_correct";
+    let (rows, classes) = matrix(op, logits)?;
+    check_labels(op, logits, labels, rows)?;
+    check_smoothing(op, logits, label_smoothing)?;
+    if logits.host_f32().is_some() || rows > SUM_WORKGROUP as usize {
+        let (loss, dlogits) = softmax_cross_entropy(logits, labels, label_smoothing)?;
+        return Ok((loss, correct_count(logits, labels)?, dlogits));
+    }
+    let ctx = gpu_context(logits);
+    let dlogits = Tensor::uninit_gpu(ctx, logits.shape().clone(), DType::F32)?;
+    let loss = Tensor::uninit_gpu(ctx, Shape::new([1])?, DType::F32)?;
+    let correct = Tensor::uninit_gpu(ctx, Shape::new([1])?, DType::U32)?;
+    let pipeline = pipeline(ctx, "loss_softmax_cross_entropy_sums", || {
+        format!("{COMMON}\n{SOFTMAX_CROSS_ENTROPY_SUMS}")
+    })?;
+    // One workgroup; `matrix` checked that rows * classes fits in u32.
+    let params = [rows as u32, classes as u32, 0, label_smoothing.to_bits()];
+    ctx.dispatch(
+        "loss_softmax_cross_entropy_sums",
+        &pipeline,
+        &[
+            buffer(logits),
+            buffer(labels),
+            buffer(&dlogits),
+            buffer(&loss),
+            buffer(&correct),
+        ],
+        bytemuck::cast_slice(&params),
+        [1, 1, 1],
+    )?;
+    Ok((loss, correct, dlogits))
 }
 
 /// One row of [`softmax_cross_entropy`] in f64: writes `(p - t) / N` into `grad`

@@ -1,0 +1,40 @@
+// The fused softmax + categorical cross-entropy of one row (see
+// loss_softmax_cross_entropy.wgsl): writes the row's dlogits and returns its
+// loss divided by N. Reads `logits`, `labels` and `params` and writes
+// `dlogits`, which the kernel it is prepended to declares.
+
+fn softmax_cross_entropy_row(row: u32) -> f32 {
+    let classes = params.classes;
+    let base = row * classes;
+    let top = row_max(base, classes);
+    let m = top.value;
+    var rest = 0.0;
+    for (var k = 0u; k < classes; k++) {
+        if (k != top.index) {
+            let e = exp_of_difference(logits[base + k], m);
+            dlogits[base + k] = e; // finished in the next loop
+            rest += e;
+        }
+    }
+    let label = labels[row];
+    let s = params.smoothing;
+    let off_target = s / f32(classes);
+    let on_target = (1.0 - s) + off_target;
+    let norm = 1.0 / (1.0 + rest);
+    let inv_rows = 1.0 / f32(params.rows);
+    var weighted_gap = 0.0;
+    for (var k = 0u; k < classes; k++) {
+        let t = select(off_target, on_target, k == label);
+        weighted_gap += t * (m - logits[base + k]);
+        var g: f32;
+        if (k == top.index) {
+            let one_minus_t = select(1.0 - off_target, s - off_target, k == label);
+            g = one_minus_t - rest * norm;
+        } else {
+            g = dlogits[base + k] * norm - t;
+        }
+        dlogits[base + k] = g * inv_rows;
+    }
+    let target_total = select(s, 1.0, label < classes);
+    return (weighted_gap + target_total * log1p_accurate(rest)) * inv_rows;
+}
