@@ -201,6 +201,15 @@ fn reference_cross_entropy(
     (loss / rows, grad)
 }
 
+/// The bits of an f32 tensor's values, for comparisons that must be exact.
+fn bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec_f32()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
+}
+
 fn labels_tensor(labels: &[u32], device: &Device) -> Tensor {
     Tensor::from_u32(vec![labels.len()], labels.to_vec(), device).unwrap()
 }
@@ -408,13 +417,6 @@ test_device!(losses_are_bit_identical_across_runs, |device: &Device| {
     let run = || {
         let (fused_loss, dlogits) = softmax_cross_entropy(&logits, &labels, 0.05).unwrap();
         let (loss, dprobs) = cross_entropy(&probs, &labels, 0.05).unwrap();
-        let bits = |t: &Tensor| -> Vec<u32> {
-            t.to_vec_f32()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
-        };
         (
             bits(&fused_loss),
             bits(&dlogits),
@@ -439,13 +441,6 @@ test_device!(
     loss_with_correct_count_is_bit_identical_to_the_two,
     |device: &Device| {
         let mut rng = Rng::fresh();
-        let bits = |t: &Tensor| -> Vec<u32> {
-            t.to_vec_f32()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect()
-        };
         for rows in [1, 7, 256, 300] {
             for (classes, smoothing) in [(10, 0.05f32), (3, 0.0)] {
                 let mut logits = random_logits(&mut rng, rows, classes, 3.0);
