@@ -50,13 +50,40 @@ fn window_max4(o: u32) -> array<vec4<u32>, 2> {
     return array(best_bits, best_index);
 }
 
-// The masks of outputs o .. o + 3.
-fn pool_masks4(tabled: bool, first: u32, o: u32) -> vec4<f32> {
-    var m: vec4<f32>;
-    for (var k = 0u; k < 4u; k++) {
-        m[k] = pool_mask(tabled, first, o + k);
+// What an invocation of main_dropout4 or main_dropout_f16 has found before
+// the barrier: its first output o (outputs o .. o + 3), whether it has any,
+// the maxima's bits and indices, and where the workgroup's masks are.
+struct Maxima4 {
+    o: u32,
+    live: bool,
+    best: array<vec4<u32>, 2>,
+    first: u32,
+    tabled: bool,
+}
+
+// Draws the workgroup's masks and, meanwhile, finds this invocation's four
+// maxima; the caller's barrier follows (every invocation calls it from
+// uniform control flow, as fill_pool_masks needs).
+fn maxima4_before_barrier(wid: vec3<u32>, lidx: u32) -> Maxima4 {
+    // Here `len` counts outputs; an invocation takes outputs o .. o + 3.
+    let first = first_output(wid, 4u);
+    let tabled = fill_pool_masks(first, 1024u, lidx);
+    let o = first + 4u * lidx;
+    let live = o < params.len;
+    var best: array<vec4<u32>, 2>;
+    if (live) {
+        best = window_max4(o);
     }
-    return m;
+    return Maxima4(o, live, best, first, tabled);
+}
+
+// The four maxima times their masks, as f32 bits.
+fn masked4(m: Maxima4) -> vec4<u32> {
+    var mask: vec4<f32>;
+    for (var k = 0u; k < 4u; k++) {
+        mask[k] = pool_mask(m.tabled, m.first, m.o + k);
+    }
+    return bitcast<vec4<u32>>(bitcast<vec4<f32>>(m.best[0]) * mask);
 }
 
 @compute @workgroup_size(256)
@@ -87,22 +114,13 @@ fn main_dropout4(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lidx: u32,
 ) {
-    // Here `len` counts outputs; an invocation takes outputs o .. o + 3.
-    let first = first_output(wid, 4u);
-    let tabled = fill_pool_masks(first, 1024u, lidx);
-    let o = first + 4u * lidx;
-    let live = o < params.len;
-    var best: array<vec4<u32>, 2>;
-    if (live) {
-        best = window_max4(o);
-    }
+    let m = maxima4_before_barrier(wid, lidx);
     workgroupBarrier();
-    if (!live) {
+    if (!m.live) {
         return;
     }
-    let product = bitcast<vec4<u32>>(bitcast<vec4<f32>>(best[0]) * pool_masks4(tabled, first, o));
-    y4[o / 4u] = select(product, best[0], mask_is_identity());
-    argmax4[o / 4u] = best[1];
+    y4[m.o / 4u] = select(masked4(m), m.best[0], mask_is_identity());
+    argmax4[m.o / 4u] = m.best[1];
 }
 
 @compute @workgroup_size(256)
@@ -110,19 +128,12 @@ fn main_dropout_f16(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lidx: u32,
 ) {
-    let first = first_output(wid, 4u);
-    let tabled = fill_pool_masks(first, 1024u, lidx);
-    let o = first + 4u * lidx;
-    let live = o < params.len;
-    var best: array<vec4<u32>, 2>;
-    if (live) {
-        best = window_max4(o);
-    }
+    let m = maxima4_before_barrier(wid, lidx);
     workgroupBarrier();
-    if (!live) {
+    if (!m.live) {
         return;
     }
-    let h = f16_bits4(bitcast<vec4<u32>>(bitcast<vec4<f32>>(best[0]) * pool_masks4(tabled, first, o)));
-    y_f16[o / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
-    argmax4[o / 4u] = best[1];
+    let h = f16_bits4(masked4(m));
+    y_f16[m.o / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
+    argmax4[m.o / 4u] = m.best[1];
 }
