@@ -32,6 +32,15 @@ fn pool_mask(tabled: bool, first: u32, o: u32) -> f32 {
     return table_mask(pool_mask_draws(), tabled, first / span, o / span, o % params.c, params.c);
 }
 
+// The masks of outputs o .. o + 3 (four channels of one pixel).
+fn pool_masks4(tabled: bool, first: u32, o: u32) -> vec4<f32> {
+    var m: vec4<f32>;
+    for (var k = 0u; k < 4u; k++) {
+        m[k] = pool_mask(tabled, first, o + k);
+    }
+    return m;
+}
+
 // Whether the dropout keeps every value unscaled (rate 0): the max is then y
 // itself, as the separate dropout returns its input at rate 0. A product by
 // 1.0 would give the same values but not always the same NaN bits (NVIDIA

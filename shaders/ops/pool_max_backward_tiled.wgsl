@@ -84,11 +84,7 @@ fn main_dropout4(
     if (!live) {
         return;
     }
-    var m: vec4<f32>;
-    for (var k = 0u; k < 4u; k++) {
-        m[k] = pool_mask(tabled, first, o + k);
-    }
-    let masked = g * m;
+    let masked = g * pool_masks4(tabled, first, o);
     let grad = select(masked, vec4(0.0), bitcast<vec4<u32>>(masked) == vec4(0x80000000u));
     let at = nhwc_position(o, params.h_out, params.w_out);
     let lanes = vec4(0u, 1u, 2u, 3u);

@@ -79,11 +79,7 @@ fn maxima4_before_barrier(wid: vec3<u32>, lidx: u32) -> Maxima4 {
 
 // The four maxima times their masks, as f32 bits.
 fn masked4(m: Maxima4) -> vec4<u32> {
-    var mask: vec4<f32>;
-    for (var k = 0u; k < 4u; k++) {
-        mask[k] = pool_mask(m.tabled, m.first, m.o + k);
-    }
-    return bitcast<vec4<u32>>(bitcast<vec4<f32>>(m.best[0]) * mask);
+    return bitcast<vec4<u32>>(bitcast<vec4<f32>>(m.best[0]) * pool_masks4(m.tabled, m.first, m.o));
 }
 
 @compute @workgroup_size(256)
