@@ -23,5 +23,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (row >= params.rows) {
         return;
     }
-    row_losses[row] = softmax_cross_entropy_row(row);
+    row_losses[row] = softmax_cross_entropy_row(row).loss;
 }

@@ -1,9 +1,15 @@
 // The fused softmax + categorical cross-entropy of one row (see
 // loss_softmax_cross_entropy.wgsl): writes the row's dlogits and returns its
-// loss divided by N. Reads `logits`, `labels` and `params` and writes
-// `dlogits`, which the kernel it is prepended to declares.
+// loss divided by N, with the index of its maximum (the first on ties, as
+// loss_correct.wgsl takes it). Reads `logits`, `labels` and `params` and
+// writes `dlogits`, which the kernel it is prepended to declares.
 
-fn softmax_cross_entropy_row(row: u32) -> f32 {
+struct RowLoss {
+    loss: f32,
+    top: u32,
+}
+
+fn softmax_cross_entropy_row(row: u32) -> RowLoss {
     let classes = params.classes;
     let base = row * classes;
     let top = row_max(base, classes);
@@ -36,5 +42,5 @@ fn softmax_cross_entropy_row(row: u32) -> f32 {
         dlogits[base + k] = g * inv_rows;
     }
     let target_total = select(s, 1.0, label < classes);
-    return (weighted_gap + target_total * log1p_accurate(rest)) * inv_rows;
+    return RowLoss((weighted_gap + target_total * log1p_accurate(rest)) * inv_rows, top.index);
 }

@@ -26,9 +26,9 @@ fn main(@builtin(local_invocation_index) row: u32) {
     var row_loss = 0.0;
     var hit = 0u;
     if (row < params.rows) {
-        row_loss = softmax_cross_entropy_row(row);
-        let top = row_max(row * params.classes, params.classes);
-        hit = select(0u, 1u, top.index == labels[row]);
+        let r = softmax_cross_entropy_row(row);
+        row_loss = r.loss;
+        hit = select(0u, 1u, r.top == labels[row]);
     }
     losses[row] = row_loss;
     hits[row] = hit;
