@@ -225,15 +225,13 @@ fn run(args: &Args) -> Result<()> {
     let (pipelined_ms_per_step, pipelined_host_ms) =
         pipelined(&mut || model.train_batch(&x, &y).map(drop))?;
     // The same steps on a batch already on the device (`Model::train_tensors`,
-    // uploaded as the model would: f16 where its first layer rounds to f16):
-    // the difference is the host's cost of converting and uploading a batch.
+    // uploaded as the model uploads it): the difference is the host's cost of
+    // converting and uploading a batch.
     let resident = match device.gpu_context() {
         Some(_) => {
+            let rows: Vec<usize> = (0..batch).collect();
             let dims = [batch, 32, 32, 3];
-            let xb = match model.f16_input() {
-                true => Tensor::from_f32_as_f16(dims, &x, &device)?,
-                false => Tensor::from_f32_slice(dims, &x, &device)?,
-            };
+            let xb = Tensor::from_f32_rows(dims, &x, &rows, model.input_dtype(), &device)?;
             let yb = Tensor::from_u32(vec![batch], y.clone(), &device)?;
             Some(pipelined(&mut || model.train_tensors(&xb, &yb).map(drop))?)
         }

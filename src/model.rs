@@ -390,12 +390,7 @@ impl Model {
 
     fn batch_tensor(&self, x: &[f32], indices: &[usize]) -> Result<Tensor> {
         let dims = crate::nn::batched_dims(indices.len(), self.input_shape()?);
-        let dtype = if self.f16_input() {
-            DType::F16
-        } else {
-            DType::F32
-        };
-        Tensor::from_f32_rows(dims, x, indices, dtype, &self.device)
+        Tensor::from_f32_rows(dims, x, indices, self.input_dtype(), &self.device)
     }
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
@@ -449,14 +444,16 @@ impl Model {
         Ok(Some(regularization_loss(&terms)?.to_vec_f32()?[0]))
     }
 
-    /// Whether host batches go to the device as f16: a first layer that rounds
-    /// its input to f16 anyway gets it that way, half the bytes
-    /// (docs/perf-notes.md, entry 49). A batch for [`Model::train_tensors`]
-    /// made the same way trains exactly as [`Model::train_batch`] would.
-    pub fn f16_input(&self) -> bool {
-        self.layers
+    /// How host batches go to the device: F16 where the first layer rounds its
+    /// input to f16 anyway, half the bytes (docs/perf-notes.md, entry 49), else
+    /// F32. A batch for [`Model::train_tensors`] made with this type (by
+    /// [`Tensor::from_f32_rows`]) trains exactly as [`Model::train_batch`] would.
+    pub fn input_dtype(&self) -> DType {
+        let rounds = self
+            .layers
             .first()
-            .is_some_and(|l| l.rounds_input_to_f16(&self.device))
+            .is_some_and(|l| l.rounds_input_to_f16(&self.device));
+        if rounds { DType::F16 } else { DType::F32 }
     }
 
     /// One optimizer step on a batch of host data; returns the loss and the
