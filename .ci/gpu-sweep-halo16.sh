@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # On the device (carrying .gl and .gpu-pack, packed by `bash .ci/gpu-pack.sh conv`):
 # the halo kernel's blocks on the v1 model's 16 x 16 convs (32->64 and 64->64),
-# whose forwards sit at cuDNN's times (run N5: 0.0266 against 0.0270 and 0.0378
-# against 0.0327 ms on an H100). Their 256 blocks of a whole image each give
-# every workgroup one block of 6 steps; smaller blocks taking turns (entry 61)
-# or more workgroups a unit were not tried on them. About 3 minutes.
+# whose forwards sit at or above cuDNN's times (run CC5: 0.0247 against 0.0241
+# and 0.0364 against 0.0318 ms on an H100). Swept here: every filter tap a step
+# over 16 input channels at a time (4 steps a block of the 64 -> 64 conv, 8
+# barriers, against 6 steps and 12 barriers for 3 taps over 32 channels), and
+# 8-subgroup blocks two workgroups a unit. Earlier sweeps: perf-notes entries
+# 53-58 and 64. About 2 minutes.
 source .ci/gpu-env.sh
 R=${OUT:-/tmp/sweep}; mkdir -p "$R"
 {
@@ -16,17 +18,11 @@ while read -r label env; do
     grep -m2 '^\[aether\]' "$R/h.txt"   # a pinned block that does not fit says so here
 done <<'CONFIGS'
 rule
-groups1 AETHER_HALO_GROUPS=1
-groups4 AETHER_HALO_GROUPS=4
-per_block AETHER_HALO_GROUPS=0
-128x4_8x2 AETHER_FORWARD_HALO=128x4x3x16x2
-128x4_8x2_g1 AETHER_FORWARD_HALO=128x4x3x16x2 AETHER_HALO_GROUPS=1
-128x4_8x2_g4 AETHER_FORWARD_HALO=128x4x3x16x2 AETHER_HALO_GROUPS=4
-128x4_4x4 AETHER_FORWARD_HALO=128x4x3x16x4
-128x4_4x2 AETHER_FORWARD_HALO=128x4x3x8x2
-256x2_8x2 AETHER_FORWARD_HALO=256x2x3x16x2
-256x4_16x2 AETHER_FORWARD_HALO=256x4x3x32x2
-256x4_8x4 AETHER_FORWARD_HALO=256x4x3x32x4
+9taps_c16 AETHER_FORWARD_HALO=256x4x9x16x2x16
+3taps_c16 AETHER_FORWARD_HALO=256x4x3x16x2x16
+9taps_c16_sg8 AETHER_FORWARD_HALO=256x4x9x8x2x16
+9taps_c16_sg8_g2 AETHER_FORWARD_HALO=256x4x9x8x2x16 AETHER_HALO_GROUPS=2
+sg8_g2 AETHER_FORWARD_HALO=256x4x3x8x2 AETHER_HALO_GROUPS=2
 rule_again
 CONFIGS
 } 2>&1 | tee "$R/log.txt"

@@ -11,8 +11,11 @@ same table layout so one device run puts both side by side.
   AMP fp16 channels_last eager, and the AMP step captured in one CUDA graph;
   and pipelined: --repeats steps back to back, one synchronise at the end.
 - Per conv: cuDNN fp16 channels_last forward and backward (dgrad except for the
-  first layer, which aether skips too, + wgrad + bias grad), CUDA-event time of
-  20 back-to-back calls / 20, median of --repeats.
+  first layer, which aether skips too, + wgrad + bias grad): 20 back-to-back
+  calls captured in one CUDA graph, CUDA-event time of a replay / 20, median of
+  --repeats (the fwd/bwd columns); and the same 20 calls issued eagerly (the
+  eager columns), which is the host's time wherever PyTorch's dispatch per
+  call outlasts the kernels.
 """
 
 import argparse
@@ -137,12 +140,15 @@ def conv_times(n, shape, first, repeats, calls=20):
     h, w, c_in, c_out = shape
     conv = nn.Conv2d(c_in, c_out, 3, padding=1).cuda().half().to(memory_format=torch.channels_last)
     x = torch.randn(n, c_in, h, w, device="cuda").half().to(memory_format=torch.channels_last)
-    x.requires_grad_(not first)
-    y = conv(x)
-    dy = torch.randn_like(y)
-    wrt = [conv.weight, conv.bias] + ([] if first else [x])
+    with torch.no_grad():
+        dy = torch.randn_like(conv(x))
+    # What autograd runs for the conv's backward (dgrad, wgrad, bias grad),
+    # called directly so that it can be captured on the graph's stream.
+    mask = [not first, True, True]
 
     def event_ms(fn):
+        # Eager: each call pays PyTorch's host dispatch; where that outlasts
+        # the kernels, the GPU idles between calls and the time is the host's.
         for _ in range(3):
             fn()
         samples = []
@@ -156,9 +162,42 @@ def conv_times(n, shape, first, repeats, calls=20):
             samples.append(start.elapsed_time(end) / calls)
         return statistics.median(samples)
 
-    with torch.no_grad():
-        fwd = event_ms(lambda: conv(x))
-    bwd = event_ms(lambda: torch.autograd.grad(y, wrt, dy, retain_graph=True))
+    def graph_ms(fn):
+        # The same calls captured in one CUDA graph: no host work between
+        # kernels, so this is cuDNN's own time back to back.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / calls)
+        return statistics.median(samples)
+
+    def forward():
+        with torch.no_grad():
+            conv(x)
+
+    def backward():
+        with torch.no_grad():
+            torch.ops.aten.convolution_backward(
+                dy, x, conv.weight, [c_out], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask)
+
+    eager = (event_ms(forward), event_ms(backward))
+    fwd, bwd = graph_ms(forward), graph_ms(backward)
     m, k = n * h * w, 9 * c_in
     fwd_flops = 2 * m * k * c_out
     bwd_flops = 2 * m * (k + 1) * c_out + (0 if first else 2 * m * k * c_out)
@@ -169,6 +208,8 @@ def conv_times(n, shape, first, repeats, calls=20):
         "forward_tflops": fwd_flops / (fwd * 1e-3) / 1e12,
         "backward_tflops": bwd_flops / (bwd * 1e-3) / 1e12,
         "variant": "cudnn fp16 NHWC",
+        "eager_forward_ms": eager[0],
+        "eager_backward_ms": eager[1],
     }
 
 
@@ -188,10 +229,12 @@ def main():
               f"pipelined {pipelined:.3f} ms/step")
     convs = [dict(layer=i, **conv_times(n, s, i == 0, args.repeats)) for i, s in enumerate(LAYERS)]
     large = conv_times(n, LARGE, False, args.repeats)
-    print(f"{'layer':<5} {'conv':<26} {'fwd ms':>10} {'bwd ms':>10} {'fwd TF/s':>9} {'bwd TF/s':>9}  variant")
+    print(f"{'layer':<5} {'conv':<26} {'fwd ms':>10} {'bwd ms':>10} {'fwd TF/s':>9} {'bwd TF/s':>9}  "
+          f"variant          {'eager fwd':>9} {'eager bwd':>9}")
     for c in convs + [dict(layer="large", **large)]:
         print(f"{c['layer']:<5} {c['shape']:<26} {c['forward_ms']:>10.4f} {c['backward_ms']:>10.4f} "
-              f"{c['forward_tflops']:>9.2f} {c['backward_tflops']:>9.2f}  {c['variant']}")
+              f"{c['forward_tflops']:>9.2f} {c['backward_tflops']:>9.2f}  {c['variant']:<16} "
+              f"{c['eager_forward_ms']:>9.4f} {c['eager_backward_ms']:>9.4f}")
     total = sum(c["forward_ms"] + c["backward_ms"] for c in convs)
     print(f"{'all convs':<32} {total:>10.4f} ms (fwd+bwd)")
     if args.json:

@@ -9,11 +9,12 @@ use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
 /// Environment variable for tuning: `0` turns the halo kernel off (the GEMM
-/// core runs), `POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS[xCOLUMNS]` (e.g.
+/// core runs), `POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS[xCOLUMNS[xCHUNK]]` (e.g.
 /// `256x4x3x16`) pins its block: output positions, output-channel tiles,
-/// filter taps staged per step (a divisor of R * S), subgroups, and how many
+/// filter taps staged per step (a divisor of R * S), subgroups, how many
 /// columns of subgroups split the channel tiles (default 1: every subgroup
-/// takes all of them).
+/// takes all of them), and the input channels staged at a time (default: the
+/// rule's, [`CHANNEL_CHUNK`] where the input has more).
 pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 
 /// Environment variable for tuning: `K` launches at most K workgroups per
@@ -54,8 +55,9 @@ const TAPS: usize = 3;
 const RULE_BYTES: usize = 42 * 1024;
 
 /// A block's size: output positions, channel tiles, taps per step,
-/// subgroups, columns of subgroups.
-type BlockSize = (usize, u32, u32, u32, u32);
+/// subgroups, columns of subgroups, input channels staged at a time (`None`:
+/// the rule's).
+type BlockSize = (usize, u32, u32, u32, u32, Option<usize>);
 
 /// The block sizes to try for a filter of `taps` taps in rows of `row`: the
 /// tuning override, or the rule's, in order.
@@ -65,21 +67,23 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
         return Ok(RULE_BLOCKS
             .iter()
             .map(|&(positions, tiles, subgroups, columns)| {
-                (positions, tiles, step, subgroups, columns)
+                (positions, tiles, step, subgroups, columns, None)
             })
             .collect());
     };
     let parsed: Option<Vec<u32>> = text.split('x').map(|v| v.trim().parse().ok()).collect();
     match parsed.as_deref() {
-        Some(&[positions, tiles, step, subgroups, ref columns @ ..])
+        Some(&[positions, tiles, step, subgroups, ref rest @ ..])
             if positions > 0
                 && (1..=8).contains(&tiles)
                 && step > 0
                 && subgroups > 0
-                && matches!(columns, [] | [1..=u32::MAX]) =>
+                && rest.len() <= 2
+                && !rest.contains(&0) =>
         {
-            let columns = columns.first().copied().unwrap_or(1);
-            Ok(vec![(positions as usize, tiles, step, subgroups, columns)])
+            let columns = rest.first().copied().unwrap_or(1);
+            let chunk = rest.get(1).map(|&c| c as usize);
+            Ok(vec![(positions as usize, tiles, step, subgroups, columns, chunk)])
         }
         _ if text == "0" => Err(format!("{HALO_ENV}=0")),
         _ => {
@@ -87,7 +91,7 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
                 &format!("halo-env:{text}"),
                 &format!(
                     "{HALO_ENV}={text:?} is neither 0 nor \
-                     POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS[xCOLUMNS] (e.g. 256x4x3x16): \
+                     POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS[xCOLUMNS[xCHUNK]] (e.g. 256x4x3x16): \
                      the forward's halo kernel is off"
                 ),
             );
@@ -299,7 +303,7 @@ impl HaloBlock {
         tile: u32,
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
-        (positions, block_tiles, taps_per_step, subgroups, columns): BlockSize,
+        (positions, block_tiles, taps_per_step, subgroups, columns, chunk): BlockSize,
     ) -> std::result::Result<Self, String> {
         let t = tile as usize;
         let block_channels = block_tiles as usize * t;
@@ -324,11 +328,16 @@ impl HaloBlock {
         }
         // Wider inputs are staged 32 channels at a time, so the block stays
         // within the workgroup-memory rule.
-        let chunk = if meta.c_in > CHANNEL_CHUNK && meta.c_in.is_multiple_of(CHANNEL_CHUNK) {
-            CHANNEL_CHUNK
-        } else {
-            meta.c_in
-        };
+        let chunk = chunk.unwrap_or(
+            if meta.c_in > CHANNEL_CHUNK && meta.c_in.is_multiple_of(CHANNEL_CHUNK) {
+                CHANNEL_CHUNK
+            } else {
+                meta.c_in
+            },
+        );
+        if !chunk.is_multiple_of(t) || !meta.c_in.is_multiple_of(chunk) {
+            return Err(format!("{chunk} input channels a stage of {}", meta.c_in));
+        }
         let tiles = rows * cols.div_ceil(t);
         if !tiles.is_multiple_of(row_subgroups as usize) {
             return Err(format!(
