@@ -18,6 +18,8 @@ use aether::conv::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
     conv2d_dinput, conv2d_dweight, conv2d_forward,
 };
+use aether::gpu::DevicePreference;
+use aether::nn::{Conv2d, Layer, Mode};
 use aether::{Device, Tensor};
 use common::conv_reference::{self as reference, norm_rel_error};
 use common::{Rng, report};
@@ -576,3 +578,92 @@ fn f16_kernels_clip_dvalues_to_the_f16_range() {
         }
     }
 }
+
+// The Conv2d layer's backward where dinput runs the halo kernel: dweight's
+// reduce writes the flipped filter that dinput reads, so the layer takes
+// one dispatch fewer than `conv2d_dweight` and `conv2d_dinput` (whose
+// dinput flips in a dispatch of its own), and its dX and dW match the f64
+// reference. f16 operands, so neither path casts.
+test_device!(
+    conv_layer_backward_flips_the_filter_in_the_dweight_reduce,
+    |shared: &Device| {
+        // On a GPU, a device of its own, so no other test's work shows in
+        // its dispatch count.
+        let device = &match shared {
+            Device::Gpu(_) => {
+                Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap()
+            }
+            cpu => cpu.clone(),
+        };
+        let mut rng = Rng::fresh();
+        let (input, c_out) = ([3, 16, 16, 32], 32);
+        let params = ConvParams::new(c_out, 3, Padding::Same);
+        let meta = ConvShapeMeta::new(input, &params).unwrap();
+        let (x, w, dy) = (
+            rng.vec(meta.n * meta.h * meta.w * meta.c_in),
+            rng.vec(meta.k * c_out),
+            rng.vec(meta.m * c_out),
+        );
+        let ctx = device.gpu_context().cloned();
+        let f16 = |dims: &[usize], data: &[f32]| match &ctx {
+            Some(_) => Tensor::from_f32_as_f16(dims.to_vec(), data, device).unwrap(),
+            None => tensor(dims, data, device),
+        };
+        let (xt, dyt) = (f16(&input, &x), f16(&meta.output_dims(), &dy));
+        let mut layer = Conv2d::new(c_out, (3, 3), Padding::Same);
+        layer.build(&input[1..], 5, device).unwrap();
+        layer
+            .set_state("kernel", tensor(&meta.weight_dims(), &w, device))
+            .unwrap();
+        layer
+            .forward(&xt, Mode::Train { seed: 1, step: 0 })
+            .unwrap();
+        let dispatches = || ctx.as_ref().map_or(0, |c| c.dispatch_count());
+        let before = dispatches();
+        let dx = layer.backward(&dyt, true).unwrap().unwrap();
+        let layer_dispatches = dispatches() - before;
+        let seed = rng.seed;
+        let bound = if ctx.is_some() { F16_BOUND } else { F32_BOUND };
+        let err = norm_rel_error(
+            &dx.to_vec_f32().unwrap(),
+            &reference::dinput(&meta, &dy, &w),
+        );
+        assert!(
+            err <= bound,
+            "dinput seed {seed}: error {err:e} > {bound:e}"
+        );
+        let (want_dw, _) = reference::dweight(&meta, &x, &dy);
+        let dw = layer.trainables()[0].grad.to_vec_f32().unwrap();
+        let err = norm_rel_error(&dw, &want_dw);
+        assert!(
+            err <= bound,
+            "dweight seed {seed}: error {err:e} > {bound:e}"
+        );
+        let halo = layer
+            .conv_plans()
+            .unwrap()
+            .summary()
+            .iter()
+            .any(|(d, _, plan)| *d == ConvDirection::DInput && plan.halo.is_some());
+        if !halo {
+            return report(&format!(
+                "[aether-test] {}: dinput takes no halo kernel here, so no flip to fold",
+                device.name()
+            ));
+        }
+        // The same gradients through the public functions.
+        let plans = ConvPlans::new();
+        let w16 = f16(&meta.weight_dims(), &w);
+        let before = dispatches();
+        conv2d_dweight(&xt, &dyt, &params, &plans).unwrap();
+        conv2d_dinput(&dyt, &w16, input, &params, &plans).unwrap();
+        let function_dispatches = dispatches() - before;
+        // dweight, its reduce (writing the flipped filter) and dinput,
+        // against dweight, its reduce, the flip and dinput.
+        assert_eq!(
+            (layer_dispatches, function_dispatches),
+            (3, 4),
+            "dispatches of the layer's backward and of the two functions"
+        );
+    }
+);

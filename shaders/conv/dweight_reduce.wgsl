@@ -4,7 +4,9 @@
 // lane l adds slices l, l + SPLIT_LANES, ... in order, then a fixed tree adds
 // the lanes. The outputs are few (a few thousand) and the slices many (up to a
 // few hundred), so one invocation per output left most of the GPU idle while
-// each walked every slice.
+// each walked every slice. The entry point comes after this file:
+// dweight_reduce_main.wgsl, or dweight_reduce_flip.wgsl, which also writes
+// dinput's flipped filter.
 
 @group(0) @binding(0) var<storage, read> partial: array<f32>;
 @group(0) @binding(1) var<storage, read_write> dw: array<f32>;
@@ -18,21 +20,21 @@ struct Params {
     // halo kernel's dbias tiles), of which the first K + 1 rows are read.
     slice_stride: u32,
 }
-@group(0) @binding(3) var<uniform> params: Params;
+// `params` is bound by the entry point's file, after its other bindings.
 
 const OUTPUTS: u32 = 32u;
 const SPLIT_LANES: u32 = 8u;
 var<workgroup> lane_sums: array<f32, OUTPUTS * SPLIT_LANES>;
 
-@compute @workgroup_size(256)
-fn main(
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(local_invocation_index) index: u32,
-) {
+const REDUCE_WORKGROUP: u32 = OUTPUTS * SPLIT_LANES;
+
+// Workgroup `group`'s share of the reduce, for its invocation `index`. Call
+// from uniform control flow (it has barriers).
+fn reduce_slices(group: u32, index: u32) {
     // Adjacent invocations take adjacent outputs of one slice: coalesced reads.
     let column = index % OUTPUTS;
     let lane = index / OUTPUTS;
-    let i = (wid.x + wid.y * params.row_stride) * OUTPUTS + column;
+    let i = group * OUTPUTS + column;
     let weights = R * S * C_IN * C_OUT;
     let per_slice = weights + C_OUT;
     var sum = 0.0;

@@ -4,6 +4,8 @@
 //! on the cooperative-matrix variant run the halo kernel (`dinput_halo`) where
 //! it fits.
 
+use std::sync::Arc;
+
 use rayon::prelude::*;
 
 use super::common::{
@@ -14,6 +16,7 @@ use super::common::{
 use super::dinput_halo::{self, with_dinput_halo};
 use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
 use crate::error::Result;
+use crate::gpu::GpuContext;
 use crate::tensor::{DType, Shape, Tensor};
 
 const KERNEL: ConvKernel = ConvKernel {
@@ -50,6 +53,66 @@ pub fn conv2d_dinput(
     params: &ConvParams,
     plans: &ConvPlans,
 ) -> Result<Tensor> {
+    conv2d_dinput_into(dy, (w, None), input_dims, params, plans)
+}
+
+/// Where dinput of `dy` and f16 `w` runs the halo kernel, an uninitialised
+/// tensor for its flipped filter, for the same backward's dweight reduce to
+/// write (`conv2d_dweight_into`) and [`conv2d_dinput_into`] to read; else
+/// `None` (dinput takes `w` as it is, or flips it itself).
+pub(crate) fn flipped_filter_target(
+    dy: &Tensor,
+    w: &Tensor,
+    input_dims: [usize; 4],
+    params: &ConvParams,
+    plans: &ConvPlans,
+) -> Result<Option<Tensor>> {
+    let meta = ConvShapeMeta::new(input_dims, params)?;
+    let Some(ctx) = dy.gpu_context() else {
+        return Ok(None);
+    };
+    if w.dtype() != DType::F16 || plan(ctx, &meta, w, plans)?.halo.is_none() {
+        return Ok(None);
+    }
+    let dims = dinput_halo::flipped_dims(&meta);
+    Tensor::uninit_gpu(ctx, Shape::new(dims)?, DType::F16).map(Some)
+}
+
+/// dinput's plan for `meta`, made on first use.
+fn plan(
+    ctx: &Arc<GpuContext>,
+    meta: &ConvShapeMeta,
+    w: &Tensor,
+    plans: &ConvPlans,
+) -> Result<ConvLaunchPlan> {
+    plans.get_or_plan(ConvDirection::DInput, meta, || {
+        // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
+        let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
+        let classes = meta.stride_h * meta.stride_w;
+        let gemm = plan_first(ctx, plans, &KERNEL, meta, &[], |variant| {
+            accepts_operand(variant, w)?;
+            ConvLaunchPlan::gemm(
+                ConvDirection::DInput,
+                ctx,
+                variant,
+                [class_rows, meta.c_in, classes],
+                (&KERNEL, meta),
+            )
+        })?;
+        Ok(with_dinput_halo(ctx, gemm, meta))
+    })
+}
+
+/// [`conv2d_dinput`] of the weights `w` and, where the same backward's
+/// dweight reduce wrote it, their `flipped` filter for the halo kernel
+/// (from [`flipped_filter_target`]).
+pub(crate) fn conv2d_dinput_into(
+    dy: &Tensor,
+    (w, flipped): (&Tensor, Option<&Tensor>),
+    input_dims: [usize; 4],
+    params: &ConvParams,
+    plans: &ConvPlans,
+) -> Result<Tensor> {
     let meta = ConvShapeMeta::new(input_dims, params)?;
     expect_dims("conv2d_dinput dvalues", dy, &meta.output_dims())?;
     expect_dims("conv2d_dinput weight", w, &meta.weight_dims())?;
@@ -58,27 +121,19 @@ pub fn conv2d_dinput(
         let dx = dinput_cpu(&meta, &host_values(dy)?, &host_values(w)?);
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     };
-    let plan = plans.get_or_plan(ConvDirection::DInput, &meta, || {
-        // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
-        let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
-        let classes = meta.stride_h * meta.stride_w;
-        let gemm = plan_first(ctx, plans, &KERNEL, &meta, &[], |variant| {
-            accepts_operand(variant, w)?;
-            ConvLaunchPlan::gemm(
-                ConvDirection::DInput,
-                ctx,
-                variant,
-                [class_rows, meta.c_in, classes],
-                (&KERNEL, &meta),
-            )
-        })?;
-        Ok(with_dinput_halo(ctx, gemm, &meta))
-    })?;
+    let plan = plan(ctx, &meta, w, plans)?;
     let dy_op = gpu_operand("conv2d_dinput dvalues", dy, plan.variant, true)?;
     let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant, false)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims)?, DType::F32)?;
     if plan.halo.is_some() {
-        dinput_halo::dispatch(ctx, &plan, &meta, &dy_op, &w_op, &dx)?;
+        if let Some(wt) = flipped {
+            expect_dims(
+                "conv2d_dinput flipped weight",
+                wt,
+                &dinput_halo::flipped_dims(&meta),
+            )?;
+        }
+        dinput_halo::dispatch(ctx, &plan, &meta, &dy_op, (&w_op, flipped), &dx)?;
         return Ok(dx);
     }
     let pipeline = KERNEL

@@ -2,8 +2,10 @@
 //! the transposed conv, dy convolved with the filter flipped and its channels
 //! swapped. On the cooperative-matrix variant the forward's halo kernel
 //! (src/conv/halo.rs) runs that conv, its MMAs reading a staged tile of dy
-//! instead of the residue-class gather's per-tap staging; one small dispatch
-//! writes the flipped filter first (shaders/conv/flip_filter.wgsl).
+//! instead of the residue-class gather's per-tap staging. It reads the filter
+//! flipped (shaders/conv/flip_pair.wgsl): written by the same backward's
+//! dweight reduce where a layer asks for it, else by a small dispatch of its
+//! own first (shaders/conv/flip_filter.wgsl).
 
 use std::sync::Arc;
 
@@ -34,6 +36,9 @@ const KERNEL: ConvKernel = ConvKernel {
     f32_inputs: &[],
 };
 
+/// The flip of one u32 pair of the filter, shared by flip_filter.wgsl and
+/// dweight's reduce (dweight_reduce_flip.wgsl).
+pub(crate) const FLIP_PAIR: &str = include_str!("../../shaders/conv/flip_pair.wgsl");
 const FLIP_FILTER: &str = include_str!("../../shaders/conv/flip_filter.wgsl");
 const FLIP_WORKGROUP: u32 = 256;
 
@@ -88,7 +93,7 @@ pub(crate) fn with_dinput_halo(
         KERNEL.pipeline(ctx, &halo, &t).is_some()
             && ctx
                 .pipelines()
-                .get_or_create(&flip_key(), "main", || FLIP_FILTER.into())
+                .get_or_create(&flip_key(), "main", flip_source)
                 .is_some()
     };
     if halo != gemm && compiles() {
@@ -102,18 +107,26 @@ fn flip_key() -> PipelineKey {
     PipelineKey::new("conv_flip_filter", "portable")
 }
 
+fn flip_source() -> std::borrow::Cow<'static, str> {
+    format!("{FLIP_PAIR}\n{FLIP_FILTER}").into()
+}
+
 /// Records `meta`'s input gradient into `dx` with `plan`'s halo kernel: the
-/// flipped filter of the f16 weights `w`, then the transposed conv of f16 `dy`.
+/// transposed conv of f16 `dy` with `flipped`, the flipped filter of the f16
+/// weights `w` where the dweight reduce wrote it, else flipped here first.
 pub(crate) fn dispatch(
     ctx: &Arc<GpuContext>,
     plan: &ConvLaunchPlan,
     meta: &ConvShapeMeta,
     dy: &Tensor,
-    w: &Tensor,
+    (w, flipped): (&Tensor, Option<&Tensor>),
     dx: &Tensor,
 ) -> Result<()> {
     let t = transposed(meta).expect("a planned halo kernel has a transposed conv");
-    let wt = flip_filter(ctx, w, meta)?;
+    let wt = match flipped {
+        Some(wt) => wt.clone(),
+        None => flip_filter(ctx, w, meta)?,
+    };
     let pipeline = KERNEL
         .pipeline(ctx, plan, &t)
         .expect("planned halo kernel compiled");
@@ -126,14 +139,16 @@ pub(crate) fn dispatch(
     )
 }
 
+/// The flipped filter's dims: `[R, S, C_out, C_in]`.
+pub(crate) fn flipped_dims(meta: &ConvShapeMeta) -> [usize; 4] {
+    [meta.r, meta.s, meta.c_out, meta.c_in]
+}
+
 /// `wt[R * S - 1 - tap, c_out, c_in] = w[tap, c_in, c_out]`, f16.
 fn flip_filter(ctx: &Arc<GpuContext>, w: &Tensor, meta: &ConvShapeMeta) -> Result<Tensor> {
     w.expect_dtype("conv2d_dinput flipped weight", DType::F16)?;
-    let pipeline = ctx
-        .pipelines()
-        .require(&flip_key(), "main", || FLIP_FILTER.into())?;
-    let dims = [meta.r, meta.s, meta.c_out, meta.c_in];
-    let wt = Tensor::uninit_gpu(ctx, Shape::new(dims)?, DType::F16)?;
+    let pipeline = ctx.pipelines().require(&flip_key(), "main", flip_source)?;
+    let wt = Tensor::uninit_gpu(ctx, Shape::new(flipped_dims(meta))?, DType::F16)?;
     let limit = ctx.caps().limits.max_compute_workgroups_per_dimension;
     let (grid, row_stride) = flat_grid(wt.numel() / 2, FLIP_WORKGROUP, limit);
     // flip_filter.wgsl's Params: taps, c_in, c_out, row_stride.

@@ -11,6 +11,7 @@ use super::common::{
     GemmRuns, IM2COL, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first,
     same_device,
 };
+use super::dinput_halo::FLIP_PAIR;
 use super::dweight_halo::DWeightHalo;
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -30,9 +31,25 @@ const KERNEL: ConvKernel = ConvKernel {
     }),
     f32_inputs: &[],
 };
+const REDUCE_SLICES: &str = include_str!("../../shaders/conv/dweight_reduce.wgsl");
 const REDUCE: ConvKernel = ConvKernel {
     name: "conv_dweight_reduce",
-    parts: &[include_str!("../../shaders/conv/dweight_reduce.wgsl")],
+    parts: &[
+        REDUCE_SLICES,
+        include_str!("../../shaders/conv/dweight_reduce_main.wgsl"),
+    ],
+    gemm: None,
+    f32_inputs: &[],
+};
+/// The reduce that also writes the flipped filter of the same backward's
+/// dinput halo kernel (one dispatch fewer than its own flip).
+const REDUCE_FLIP: ConvKernel = ConvKernel {
+    name: "conv_dweight_reduce_flip",
+    parts: &[
+        REDUCE_SLICES,
+        FLIP_PAIR,
+        include_str!("../../shaders/conv/dweight_reduce_flip.wgsl"),
+    ],
     gemm: None,
     f32_inputs: &[],
 };
@@ -60,18 +77,23 @@ pub fn conv2d_dweight(
     params: &ConvParams,
     plans: &ConvPlans,
 ) -> Result<(Tensor, Tensor)> {
-    conv2d_dweight_into(x, dy, params, plans, None)
+    conv2d_dweight_into(x, dy, params, plans, None, None).map(|(dw, db, _)| (dw, db))
 }
 
 /// [`conv2d_dweight`]; on the GPU, writing `dW` and `dbias` into `outputs`
-/// when given (a layer's segments of the optimizer's packed gradients).
+/// when given (a layer's segments of the optimizer's packed gradients), and
+/// with `flip = (w, wt)` the flipped filter of the f16 weights `w` into `wt`
+/// (see [`super::dinput::flipped_filter_target`]) in the reduce's dispatch.
+/// The flag says whether `wt` was written: not on the CPU, nor where that
+/// reduce failed to compile (the pipeline cache has warned).
 pub(crate) fn conv2d_dweight_into(
     x: &Tensor,
     dy: &Tensor,
     params: &ConvParams,
     plans: &ConvPlans,
     outputs: Option<&(Tensor, Tensor)>,
-) -> Result<(Tensor, Tensor)> {
+    flip: Option<(&Tensor, &Tensor)>,
+) -> Result<(Tensor, Tensor, bool)> {
     let meta = ConvShapeMeta::new(x.shape().nhwc("conv2d_dweight input")?, params)?;
     expect_dims("conv2d_dweight dvalues", dy, &meta.output_dims())?;
     same_device("conv2d_dweight", &[x, dy])?;
@@ -85,6 +107,7 @@ pub(crate) fn conv2d_dweight_into(
         return Ok((
             Tensor::from_f32(meta.weight_dims().to_vec(), dw, &device)?,
             Tensor::from_f32(vec![meta.c_out], db, &device)?,
+            false,
         ));
     };
     let plan = plans.get_or_plan(ConvDirection::DWeight, &meta, || {
@@ -126,14 +149,24 @@ pub(crate) fn conv2d_dweight_into(
     let pipeline = KERNEL
         .pipeline(ctx, &plan, &meta)
         .expect("planned variant compiled");
-    let reduce =
-        REDUCE
+    let flip = match flip {
+        Some((w, wt)) => {
+            w.expect_dtype("conv2d_dweight weight to flip", DType::F16)?;
+            wt.expect_dtype("conv2d_dweight flipped weight", DType::F16)?;
+            REDUCE_FLIP.pipeline(ctx, &plan, &meta).map(|p| (p, w, wt))
+        }
+        None => None,
+    };
+    let reduce = match &flip {
+        Some((pipeline, ..)) => pipeline.clone(),
+        None => REDUCE
             .pipeline(ctx, &plan, &meta)
             .ok_or_else(|| AetherError::NoKernelVariant {
                 kernel: REDUCE.name,
                 adapter: ctx.caps().adapter_name.clone(),
                 reasons: "failed to compile".into(),
-            })?;
+            })?,
+    };
     let (x_op, dy_op) = match (plan.variant.f16_operands(), x.dtype(), dy.dtype()) {
         (true, DType::F32, DType::F32) => {
             let (dy16, x16) = conv_backward_cast_fp16(dy, x)?;
@@ -175,14 +208,18 @@ pub(crate) fn conv2d_dweight_into(
         1,
         ctx.caps().limits.max_compute_workgroups_per_dimension,
     );
+    let mut bindings = vec![buf(&partial), buf(&dw), buf(&db)];
+    if let Some((_, w, wt)) = &flip {
+        bindings.extend([buf(w), buf(wt)]);
+    }
     ctx.dispatch(
         "conv_dweight_reduce",
         &reduce,
-        &[buf(&partial), buf(&dw), buf(&db)],
+        &bindings,
         bytemuck::cast_slice(&[split as u32, row_stride, slice_stride as u32]),
         grid,
     )?;
-    Ok((dw, db))
+    Ok((dw, db, flip.is_some()))
 }
 
 /// The CPU reference: per group of images, im2col^T x dY; groups summed in order.

@@ -83,7 +83,14 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
         {
             let columns = rest.first().copied().unwrap_or(1);
             let chunk = rest.get(1).map(|&c| c as usize);
-            Ok(vec![(positions as usize, tiles, step, subgroups, columns, chunk)])
+            Ok(vec![(
+                positions as usize,
+                tiles,
+                step,
+                subgroups,
+                columns,
+                chunk,
+            )])
         }
         _ if text == "0" => Err(format!("{HALO_ENV}=0")),
         _ => {

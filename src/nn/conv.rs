@@ -11,7 +11,9 @@ use super::init::he_normal;
 use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc};
 use crate::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
-    conv2d_dinput, conv2d_forward, dweight::conv2d_dweight_into,
+    conv2d_forward,
+    dinput::{conv2d_dinput_into, flipped_filter_target},
+    dweight::conv2d_dweight_into,
 };
 use crate::device::Device;
 use crate::error::{AetherError, Result};
@@ -190,18 +192,31 @@ impl Layer for Conv2d {
             (_, DType::F32) => (dy.clone(), cast_f16(&x, false)?),
             _ => (dy.clone(), x),
         };
-        self.grads = Some(conv2d_dweight_into(
+        // Where dinput runs the halo kernel, dweight's reduce also writes the
+        // flipped filter it reads: one dispatch fewer than its own flip.
+        let kernel = if need_dx {
+            Some(self.kernel_operand()?)
+        } else {
+            None
+        };
+        let target = match &kernel {
+            Some(w) => flipped_filter_target(&dy, w, dims, &params, &self.plans)?,
+            None => None,
+        };
+        let (dw, db, flipped) = conv2d_dweight_into(
             &x,
             &dy,
             &params,
             &self.plans,
             self.grad_outputs.as_ref(),
-        )?);
-        if !need_dx {
+            kernel.as_ref().zip(target.as_ref()),
+        )?;
+        self.grads = Some((dw, db));
+        let Some(kernel) = kernel else {
             return Ok(None);
-        }
-        let kernel = self.kernel_operand()?;
-        conv2d_dinput(&dy, &kernel, dims, &params, &self.plans).map(Some)
+        };
+        let flipped = target.as_ref().filter(|_| flipped);
+        conv2d_dinput_into(&dy, (&kernel, flipped), dims, &params, &self.plans).map(Some)
     }
 
     fn trainables(&mut self) -> Vec<Trainable<'_>> {
