@@ -341,6 +341,20 @@ pub enum ConvDirection {
     DInput,
 }
 
+impl ConvDirection {
+    /// How deep this direction's GEMM reduces for `meta`: the filter taps
+    /// times input channels (forward), the output positions (dweight), the
+    /// taps times output channels (dinput; a strided conv's residue classes
+    /// reach fewer taps).
+    pub fn reduction_depth(self, meta: &ConvShapeMeta) -> usize {
+        match self {
+            Self::Forward => meta.k,
+            Self::DWeight => meta.m,
+            Self::DInput => meta.r * meta.s * meta.c_out,
+        }
+    }
+}
+
 /// One conv kernel: its name, the WGSL parts after the prelude, for a GEMM its
 /// run operands (then the variant's GEMM core is appended), and the inputs it
 /// can read as f32 where the variant's operands are f16.
@@ -773,7 +787,7 @@ impl ConvLaunchPlan {
             ConvVariant::Coop { tile } => Some(CoopBlock::choose(
                 tile,
                 direction,
-                [rows, cols],
+                [rows, cols, direction.reduction_depth(meta)],
                 ctx.caps(),
                 kernel.direct_span(meta, tile),
             )?),
