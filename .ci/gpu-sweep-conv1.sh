@@ -7,16 +7,7 @@
 # 256 x 32 outputs over 8 x 2 subgroups with 32-deep steps (8x2x2x1x2), dweight
 # 64 x 32 over 2 x 2 subgroups (2x2x2x1x2) for its 28 rows, split-K over the
 # positions. About 2 minutes.
-source .ci/gpu-env.sh
-R=${OUT:-/tmp/sweep}; mkdir -p "$R"
-{
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-while read -r label env; do
-    env $env timeout 60 /tmp/b/conv_bench --bench 'coop16/conv1_b256/(forward|dweight)' \
-        < /dev/null > "$R/c1.txt" 2>&1
-    echo "$label rc=$? $(grep -E 'time:' "$R/c1.txt" | grep -v '%' | tr -s ' ' | cut -d' ' -f5,6 | paste -sd'|')"
-    grep -m2 '^\[aether\]' "$R/c1.txt"   # a pinned block that does not fit says so here
-done <<'CONFIGS'
+bash .ci/gpu-sweep.sh 'coop16/conv1_b256/(forward|dweight)' <<'CONFIGS'
 rule
 f16x2x1x1 AETHER_COOP_BLOCK=forward=16x2x1x1x2
 f8x2x1x1 AETHER_COOP_BLOCK=forward=8x2x1x1x2
@@ -32,4 +23,3 @@ w2x2x2x1x4 AETHER_COOP_BLOCK=dweight=2x2x2x1x4
 w2x2x2x1x8 AETHER_COOP_BLOCK=dweight=2x2x2x1x8
 rule_again
 CONFIGS
-} 2>&1 | tee "$R/log.txt"

@@ -6,16 +6,7 @@
 # 0.0159 ms, backward 0.0766 against 0.0523. Entry 70 swept the forward's
 # 128 x 128 and 64 x 128 blocks; this sweeps 64- and 128-row blocks 64 wide,
 # and dinput's and dweight's blocks. About 2.5 minutes.
-source .ci/gpu-env.sh
-R=${OUT:-/tmp/sweep}; mkdir -p "$R"
-{
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-while read -r label env; do
-    env $env timeout 60 /tmp/b/conv_bench --bench 'coop16/conv5_b256/(forward|dweight|dinput)' \
-        < /dev/null > "$R/c5.txt" 2>&1
-    echo "$label rc=$? $(grep -E 'time:' "$R/c5.txt" | grep -v '%' | tr -s ' ' | cut -d' ' -f5,6 | paste -sd'|')"
-    grep -m2 '^\[aether\]' "$R/c5.txt"   # a pinned block that does not fit says so here
-done <<'CONFIGS'
+bash .ci/gpu-sweep.sh 'coop16/conv5_b256/(forward|dweight|dinput)' <<'CONFIGS'
 rule
 f4x4x2x1x2 AETHER_COOP_BLOCK=forward=4x4x2x1x2
 f4x4x1x1x2 AETHER_COOP_BLOCK=forward=4x4x1x1x2
@@ -31,4 +22,3 @@ w2x2x2x2x2 AETHER_COOP_BLOCK=dweight=2x2x2x2x2
 w2x4x2x2x4 AETHER_COOP_BLOCK=dweight=2x4x2x2x4
 rule_again
 CONFIGS
-} 2>&1 | tee "$R/log.txt"

@@ -7,16 +7,7 @@
 # barriers, against 6 steps and 12 barriers for 3 taps over 32 channels), and
 # 8-subgroup blocks two workgroups a unit. Earlier sweeps: perf-notes entries
 # 53-58 and 64. About 2 minutes.
-source .ci/gpu-env.sh
-R=${OUT:-/tmp/sweep}; mkdir -p "$R"
-{
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-while read -r label env; do
-    env $env timeout 60 /tmp/b/conv_bench --bench 'coop16/conv[34]_b256/(forward|dinput)' \
-        < /dev/null > "$R/h.txt" 2>&1
-    echo "$label rc=$? $(grep -E 'time:' "$R/h.txt" | grep -v '%' | tr -s ' ' | cut -d' ' -f5,6 | paste -sd'|')"
-    grep -m2 '^\[aether\]' "$R/h.txt"   # a pinned block that does not fit says so here
-done <<'CONFIGS'
+bash .ci/gpu-sweep.sh 'coop16/conv[34]_b256/(forward|dinput)' <<'CONFIGS'
 rule
 9taps_c16 AETHER_FORWARD_HALO=256x4x9x16x2x16
 3taps_c16 AETHER_FORWARD_HALO=256x4x3x16x2x16
@@ -25,4 +16,3 @@ rule
 sg8_g2 AETHER_FORWARD_HALO=256x4x3x8x2 AETHER_HALO_GROUPS=2
 rule_again
 CONFIGS
-} 2>&1 | tee "$R/log.txt"

@@ -11,7 +11,7 @@ use super::common::{
     GemmRuns, IM2COL, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first,
     same_device,
 };
-use super::dinput_halo::FLIP_PAIR;
+use super::dinput_halo::{FLIP_PAIR, flipped_dims};
 use super::dweight_halo::DWeightHalo;
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
@@ -153,6 +153,8 @@ pub(crate) fn conv2d_dweight_into(
         Some((w, wt)) => {
             w.expect_dtype("conv2d_dweight weight to flip", DType::F16)?;
             wt.expect_dtype("conv2d_dweight flipped weight", DType::F16)?;
+            expect_dims("conv2d_dweight weight to flip", w, &meta.weight_dims())?;
+            expect_dims("conv2d_dweight flipped weight", wt, &flipped_dims(&meta))?;
             REDUCE_FLIP.pipeline(ctx, &plan, &meta).map(|p| (p, w, wt))
         }
         None => None,
