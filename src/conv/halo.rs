@@ -14,7 +14,7 @@ use crate::gpu::GpuCapabilities;
 /// filter taps staged per step (a divisor of R * S), subgroups, how many
 /// columns of subgroups split the channel tiles (default 1: every subgroup
 /// takes all of them), and the input channels staged at a time (default: the
-/// rule's, [`CHANNEL_CHUNK`] where the input has more).
+/// rule's, 32 where the input has more).
 pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 
 /// Environment variable for tuning: `K` launches at most K workgroups per
