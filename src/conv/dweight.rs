@@ -14,6 +14,7 @@ use super::common::{
 use super::dinput_halo::{FLIP_PAIR, flipped_dims};
 use super::dweight_halo::DWeightHalo;
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
+use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
 use crate::gpu::flat_grid;
 use crate::tensor::{DType, Shape, Tensor};
@@ -59,13 +60,37 @@ const REDUCE_OUTPUTS: usize = 32;
 /// independent of the thread count.
 const CPU_IMAGES_PER_PARTIAL: usize = 4;
 
+/// Environment variable for tuning: `K` aims dweight's split of the
+/// reduction at K workgroups per compute unit, in the GEMM core and in the
+/// halo kernel alike (instead of [`split_k`]'s rule and the halo kernel's 2).
+pub const SPLIT_ENV: &str = "AETHER_DWEIGHT_SPLIT";
+
+/// The workgroups per compute unit `AETHER_DWEIGHT_SPLIT` pins, if set to a
+/// positive count (anything else warns once and keeps the rule).
+pub(crate) fn pinned_split_per_unit() -> Option<u32> {
+    let text = std::env::var(SPLIT_ENV).ok()?;
+    match text.trim().parse::<u32>() {
+        Ok(per_unit) if per_unit > 0 => Some(per_unit),
+        _ => {
+            warn_once(
+                &format!("dweight-split:{text}"),
+                &format!(
+                    "{SPLIT_ENV}={text:?} is not a positive count of workgroups per compute \
+                     unit: dweight's split keeps its rule"
+                ),
+            );
+            None
+        }
+    }
+}
+
 /// The seed's split-K rule: aim for `(4 if the 2-D grid is one workgroup else 2)`
-/// workgroups per compute unit, never more slices than reduction tiles. (Aiming
-/// 4x higher measured slower on the H200: the reduce pass grew by 0.4 ms and the
-/// GEMM gained nothing; docs/perf-notes.md.)
+/// workgroups per compute unit (or what [`SPLIT_ENV`] pins), never more slices
+/// than reduction tiles. (Aiming 4x higher measured slower on the H200: the
+/// reduce pass grew by 0.4 ms and the GEMM gained nothing; docs/perf-notes.md.)
 pub fn split_k(grid2d: u32, reduction_tiles: u32, compute_units: u32) -> u32 {
-    let target = if grid2d == 1 { 4 } else { 2 } * compute_units;
-    (target / grid2d.max(1)).clamp(1, reduction_tiles.max(1))
+    let per_unit = pinned_split_per_unit().unwrap_or(if grid2d == 1 { 4 } else { 2 });
+    (per_unit * compute_units / grid2d.max(1)).clamp(1, reduction_tiles.max(1))
 }
 
 /// `(dW[R, S, C_in, C_out], dbias[C_out])` of a convolution of NHWC `x` whose

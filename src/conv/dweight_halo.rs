@@ -6,6 +6,7 @@
 
 use super::common::ConvShapeMeta;
 use super::coop::{const_lines, fill_template, multiply_adds};
+use super::dweight::pinned_split_per_unit;
 use super::halo::{fits_memory, runs_subgroups, whole_blocks};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
@@ -88,7 +89,8 @@ impl DWeightHalo {
         let chunks = channel_chunks(tile, meta);
         let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
         let units = caps.estimated_compute_units() as usize;
-        let slices = (2 * units / chunks).clamp(1, blocks);
+        let per_unit = pinned_split_per_unit().unwrap_or(2) as usize;
+        let slices = (per_unit * units / chunks).clamp(1, blocks);
         let block = Self {
             tile,
             rows: rows as u32,
