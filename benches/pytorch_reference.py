@@ -73,22 +73,6 @@ def timed_steps(step, repeats, warmup=5):
     return statistics.median(times), (time.perf_counter() - start) * 1e3 / repeats
 
 
-def captured(fn, calls=1):
-    """`calls` calls of `fn` captured in one CUDA graph, after 3 warm-up calls
-    on a side stream (PyTorch's documented capture recipe)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph
-
-
 def model_step_times(n, repeats):
     x_host, y_host = batch(n)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.05)
@@ -133,7 +117,15 @@ def model_step_times(n, repeats):
         opt.step()
         return loss
 
-    graph = captured(amp_step)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            amp_step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        amp_step()
 
     def replay():
         static_x.copy_(x_host.cuda(non_blocking=True))
@@ -154,33 +146,46 @@ def conv_times(n, shape, first, repeats, calls=20):
     # called directly so that it can be captured on the graph's stream.
     mask = [not first, True, True]
 
-    def event_median(run):
-        # CUDA-event time of `run` (`calls` calls of the pass) / calls,
-        # median of `repeats`.
-        samples = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            torch.cuda.synchronize()
-            samples.append(start.elapsed_time(end) / calls)
-        return statistics.median(samples)
-
     def event_ms(fn):
         # Eager: each call pays PyTorch's host dispatch; where that outlasts
         # the kernels, the GPU idles between calls and the time is the host's.
         for _ in range(3):
             fn()
-        return event_median(lambda: [fn() for _ in range(calls)])
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / calls)
+        return statistics.median(samples)
 
     def graph_ms(fn):
         # The same calls captured in one CUDA graph: no host work between
         # kernels, so this is cuDNN's own time back to back.
-        graph = captured(fn, calls)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
         graph.replay()
         torch.cuda.synchronize()
-        return event_median(graph.replay)
+        samples = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end) / calls)
+        return statistics.median(samples)
 
     def forward():
         with torch.no_grad():
