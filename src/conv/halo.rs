@@ -71,27 +71,8 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
             })
             .collect());
     };
-    let parsed: Option<Vec<u32>> = text.split('x').map(|v| v.trim().parse().ok()).collect();
-    match parsed.as_deref() {
-        Some(&[positions, tiles, step, subgroups, ref rest @ ..])
-            if positions > 0
-                && (1..=8).contains(&tiles)
-                && step > 0
-                && subgroups > 0
-                && rest.len() <= 2
-                && !rest.contains(&0) =>
-        {
-            let columns = rest.first().copied().unwrap_or(1);
-            let chunk = rest.get(1).map(|&c| c as usize);
-            Ok(vec![(
-                positions as usize,
-                tiles,
-                step,
-                subgroups,
-                columns,
-                chunk,
-            )])
-        }
+    match parse_block(&text) {
+        Some(size) => Ok(vec![size]),
         _ if text == "0" => Err(format!("{HALO_ENV}=0")),
         _ => {
             warn_once(
@@ -104,6 +85,25 @@ fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, S
             );
             Err(format!("{HALO_ENV}={text}"))
         }
+    }
+}
+
+/// The block `text` pins (`POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS[xCOLUMNS[xCHUNK]]`,
+/// every field positive, 1 to 8 channel tiles), or `None`.
+fn parse_block(text: &str) -> Option<BlockSize> {
+    let fields: Vec<u32> = text
+        .split('x')
+        .map(|v| v.trim().parse().ok().filter(|&v| v > 0))
+        .collect::<Option<_>>()?;
+    match fields[..] {
+        [positions, tiles, step, subgroups, ref rest @ ..]
+            if (1..=8).contains(&tiles) && rest.len() <= 2 =>
+        {
+            let columns = rest.first().copied().unwrap_or(1);
+            let chunk = rest.get(1).map(|&c| c as usize);
+            Some((positions as usize, tiles, step, subgroups, columns, chunk))
+        }
+        _ => None,
     }
 }
 
@@ -544,6 +544,26 @@ pub(crate) mod tests {
                 max_compute_workgroup_size_x: 1024,
                 ..wgpu::Limits::default()
             },
+        }
+    }
+
+    #[test]
+    fn a_pinned_block_takes_four_to_six_positive_fields() {
+        assert_eq!(parse_block("256x4x3x16"), Some((256, 4, 3, 16, 1, None)));
+        assert_eq!(parse_block("256x4x3x16x2"), Some((256, 4, 3, 16, 2, None)));
+        assert_eq!(
+            parse_block("256x4x9x16x2x16"),
+            Some((256, 4, 9, 16, 2, Some(16)))
+        );
+        for bad in [
+            "0",
+            "256x4x3",
+            "256x9x3x16",
+            "256x4x3x16x0",
+            "256x4x3x16x2x16x1",
+            "a",
+        ] {
+            assert_eq!(parse_block(bad), None, "{bad}");
         }
     }
 
