@@ -2,7 +2,8 @@
 # On the device (carrying .gl and .gpu-pack, packed by `bash .ci/gpu-pack.sh conv`):
 # issue 7's checks in one call, about 2.5 minutes on an H100: the v1 step's
 # breakdown, PyTorch + cuDNN on the same machine (benches/pytorch_reference.py)
-# with each conv pass set against cuDNN's (.ci/conv-verdict.awk),
+# with each conv pass set against cuDNN's (.ci/conv-verdict.awk), in the step
+# and back to back (examples/conv_passes.rs),
 # the large shape's and the 4096^3 GEMM's criterion benches (the GEMM also with
 # the blocks it had before docs/perf-notes.md entry 62), the conv suite and the
 # v1 shapes' benches. A summary goes to stdout and $OUT/log.txt, each tool's
@@ -23,6 +24,11 @@ echo "breakdown: rc=$?"; grep -vE "^\[aether\]|^ *$" "$R/bd.txt" | head -14
 timeout 200 python3 benches/pytorch_reference.py --repeats 30 > "$R/pt.txt" 2>&1
 echo "pytorch: rc=$?"; tail -10 "$R/pt.txt"
 awk -f .ci/conv-verdict.awk "$R/bd.txt" "$R/pt.txt"
+# The same verdict with aether's passes timed as the reference times cuDNN's:
+# 20 calls back to back in one compute pass (examples/conv_passes.rs).
+timeout 120 /tmp/b/conv_passes --repeats 30 > "$R/passes.txt" 2>&1
+echo "back-to-back passes: rc=$?"; tail -6 "$R/passes.txt"
+awk -f .ci/conv-verdict.awk "$R/passes.txt" "$R/pt.txt" | sed 's/^/back to back: /'
 timeout 60 /tmp/b/conv_bench --bench 'coop16/large' < /dev/null > "$R/large.txt" 2>&1
 echo "large shape: rc=$?"; summary "$R/large.txt"
 while read -r label env; do

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .gpu-bin .gpu-pack && mkdir -p .gpu-bin/tests .gpu-pack
 cargo build --release --examples --benches
-cp target/release/examples/{cifar10,cifar10_breakdown} .gpu-bin/
+cp target/release/examples/{cifar10,cifar10_breakdown,conv_passes} .gpu-bin/
 bench=$(cargo bench --no-run --bench conv 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 cp "$bench" .gpu-bin/conv_bench
 tests=(--tests)
@@ -17,6 +17,6 @@ for name in "$@"; do tests+=(--test "$name"); done
 [ $# -eq 0 ] || tests=("${tests[@]:1}")
 cargo test --release --no-run "${tests[@]}" 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p' \
     | grep '/deps/' | xargs cp -t .gpu-bin/tests
-strip .gpu-bin/tests/* .gpu-bin/{cifar10,cifar10_breakdown,conv_bench}
+strip .gpu-bin/tests/* .gpu-bin/{cifar10,cifar10_breakdown,conv_passes,conv_bench}
 tar -C .gpu-bin -czf .gpu-pack/bins.tgz .
 ls -la .gpu-pack .gpu-bin/tests

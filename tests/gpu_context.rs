@@ -413,6 +413,48 @@ fn timestamp_queries_time_each_dispatch() {
     report(&format!("[aether-test] relu x4096 GPU times: {times:?}"));
 }
 
+/// A timed span puts its dispatches back to back in one compute pass and
+/// times the pass: one positive time for 30 dependent kernels whose results
+/// are still right, in one submission with its timestamps' read back; 0 for
+/// no dispatch; an error where a read back splits the pass.
+#[test]
+fn a_timed_span_times_its_dispatches_back_to_back() {
+    let Some(ctx) = own_context(&test_gpu_options()) else {
+        return;
+    };
+    if !ctx.caps().timestamps {
+        skip("adapter has no timestamp queries");
+        return;
+    }
+    let device = Device::Gpu(ctx.clone());
+    let mut expected = Rng::fresh().vec(4096);
+    let x = Tensor::from_f32(vec![4096], expected.clone(), &device).unwrap();
+    ctx.flush();
+    let (submissions, dispatches) = (ctx.submission_count(), ctx.dispatch_count());
+    let (y, nanos) = ctx
+        .timed_span(|| Ok(leaky_chain(&x, 30, &mut expected)))
+        .unwrap();
+    assert_eq!(ctx.dispatch_count() - dispatches, 30);
+    assert!(
+        nanos.is_finite() && nanos > 0.0,
+        "span of 30 kernels: {nanos} ns"
+    );
+    assert_eq!(y.to_vec_f32().unwrap(), expected);
+    // One submission for the span (and its timestamps' read back), one for y's.
+    assert_eq!(ctx.submission_count() - submissions, 2);
+    assert_eq!(ctx.timed_span(|| Ok(())).unwrap().1, 0.0);
+    let split = ctx.timed_span(|| {
+        let y = aether::ops::relu(&x)?;
+        y.to_vec_f32()?;
+        aether::ops::relu(&y)
+    });
+    let err = split.unwrap_err().to_string();
+    assert!(err.contains("split its compute pass"), "{err}");
+    report(&format!(
+        "[aether-test] 30 leaky ReLUs x4096 back to back: {nanos} ns"
+    ));
+}
+
 /// Two training steps and a prediction of a small model that runs every
 /// parameterised kernel family (conv, batch norm, pooling, dense, loss, Adam).
 fn train_small_model(device: &Device) -> (Vec<f32>, Vec<f32>) {

@@ -38,9 +38,12 @@ pub struct KernelTime {
 /// Timestamp queries for the dispatches of one timed region.
 struct Timer {
     queries: wgpu::QuerySet,
+    /// Dispatches timed one pass each ([`GpuContext::timed`]); 0 for a span.
     capacity: u32,
     labels: Vec<(&'static str, Option<Arc<str>>)>,
     scope: Option<Arc<str>>,
+    /// For [`GpuContext::timed_span`]: whether its one pass has been opened.
+    span: Option<bool>,
 }
 
 /// Work recorded but not yet submitted.
@@ -147,6 +150,38 @@ impl GpuContext {
             timer,
             ..
         } = &mut *batch;
+        // A span's dispatches share one pass, its timestamps at the pass's
+        // two ends; a copy or read back in between would have closed it.
+        if let Some(Timer {
+            queries,
+            span: Some(opened),
+            ..
+        }) = timer
+            && pass.is_none()
+        {
+            if *opened {
+                return Err(AetherError::Gpu {
+                    during: "timing",
+                    message: format!(
+                        "{label}: a copy or read back inside a timed span split its compute pass"
+                    ),
+                });
+            }
+            *opened = true;
+            *pass = Some(
+                encoder
+                    .get_or_insert_with(|| self.new_encoder())
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("aether timed span"),
+                        timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                            query_set: queries,
+                            beginning_of_pass_write_index: Some(0),
+                            end_of_pass_write_index: Some(1),
+                        }),
+                    })
+                    .forget_lifetime(),
+            );
+        }
         let timestamp_writes = match timer {
             Some(t) if (t.labels.len() as u32) < t.capacity => {
                 let index = t.labels.len() as u32;
@@ -290,27 +325,8 @@ impl GpuContext {
         capacity: u32,
         work: impl FnOnce() -> Result<T>,
     ) -> Result<(T, Vec<KernelTime>)> {
-        if !self.caps().timestamps {
-            return Err(AetherError::Gpu {
-                during: "timing",
-                message: format!(
-                    "adapter {:?} has no timestamp queries",
-                    self.caps().adapter_name
-                ),
-            });
-        }
-        self.flush();
-        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("aether timestamps"),
-            ty: wgpu::QueryType::Timestamp,
-            count: capacity * 2,
-        });
-        self.batch().timer = Some(Timer {
-            queries,
-            capacity,
-            labels: Vec::new(),
-            scope: None,
-        });
+        self.expect_timestamps()?;
+        let queries = self.start_timer(capacity, None);
         let result = work();
         let timer = self.batch().timer.take().expect("timer set above");
         let value = result?;
@@ -319,17 +335,7 @@ impl GpuContext {
             self.flush();
             return Ok((value, Vec::new()));
         }
-        let bytes = u64::from(count) * 8;
-        let resolve = self.pool().get_or_create(
-            &self.device,
-            bytes,
-            wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-        );
-        self.batch()
-            .encoder(|| self.new_encoder())
-            .resolve_query_set(&timer.queries, 0..count, resolve.buffer(), 0);
-        let raw = self.read_bytes(GpuSlice::whole(resolve.buffer()), bytes)?;
-        let ticks: &[u64] = bytemuck::cast_slice(&raw);
+        let ticks = self.resolve_timestamps(&queries, count)?;
         let period = f64::from(self.queue.get_timestamp_period());
         let times = timer
             .labels
@@ -342,6 +348,82 @@ impl GpuContext {
             })
             .collect();
         Ok((value, times))
+    }
+
+    /// Runs `work`, whose dispatches (it may record nothing else) go into
+    /// one compute pass, and returns the GPU nanoseconds from the pass's
+    /// start to its end: the dispatches back to back, as a training step
+    /// records them, with no timestamps between them (what the per-dispatch
+    /// passes of [`GpuContext::timed`] add). 0 where `work` dispatched
+    /// nothing; an error when the adapter has no timestamps, or where `work`
+    /// copied or read back (which splits the pass).
+    pub fn timed_span<T>(&self, work: impl FnOnce() -> Result<T>) -> Result<(T, f64)> {
+        self.expect_timestamps()?;
+        let queries = self.start_timer(0, Some(false));
+        let result = work();
+        let opened = {
+            let mut batch = self.batch();
+            // Ends the span's pass, writing its end timestamp.
+            batch.pass = None;
+            let timer = batch.timer.take().expect("timer set above");
+            timer.span == Some(true)
+        };
+        let value = result?;
+        if !opened {
+            self.flush();
+            return Ok((value, 0.0));
+        }
+        let ticks = self.resolve_timestamps(&queries, 2)?;
+        let period = f64::from(self.queue.get_timestamp_period());
+        Ok((value, ticks[1].saturating_sub(ticks[0]) as f64 * period))
+    }
+
+    fn expect_timestamps(&self) -> Result<()> {
+        if self.caps().timestamps {
+            return Ok(());
+        }
+        Err(AetherError::Gpu {
+            during: "timing",
+            message: format!(
+                "adapter {:?} has no timestamp queries",
+                self.caps().adapter_name
+            ),
+        })
+    }
+
+    /// Submits what is pending (so a timed region holds only its own work)
+    /// and starts a timer of `capacity` dispatch passes, or a `span`; returns
+    /// its query set.
+    fn start_timer(&self, capacity: u32, span: Option<bool>) -> wgpu::QuerySet {
+        self.flush();
+        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("aether timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: (capacity * 2).max(2),
+        });
+        self.batch().timer = Some(Timer {
+            queries: queries.clone(),
+            capacity,
+            labels: Vec::new(),
+            scope: None,
+            span,
+        });
+        queries
+    }
+
+    /// The first `count` timestamps of `queries`, after the pending work.
+    fn resolve_timestamps(&self, queries: &wgpu::QuerySet, count: u32) -> Result<Vec<u64>> {
+        let bytes = u64::from(count) * 8;
+        let resolve = self.pool().get_or_create(
+            &self.device,
+            bytes,
+            wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        );
+        self.batch()
+            .encoder(|| self.new_encoder())
+            .resolve_query_set(queries, 0..count, resolve.buffer(), 0);
+        let raw = self.read_bytes(GpuSlice::whole(resolve.buffer()), bytes)?;
+        Ok(bytemuck::cast_slice(&raw).to_vec())
     }
 
     /// Writes `data` into `slice` after all pending work, so a recycled buffer

@@ -1,0 +1,141 @@
+//! Each conv of the v1 CIFAR-10 model timed the way `benches/pytorch_reference.py`
+//! times cuDNN's: its forward, and its backward, called 20 times back to back on
+//! the same operands and divided by 20, the median of `--repeats`.
+//!
+//!     cargo run --release --example conv_passes -- [--batch-size 256] [--repeats 30] [--calls 20]
+//!
+//! The calls go through the `Conv2d` layer as a training step makes them (f16
+//! input and gradient, as the v1 model hands them over; the backward's dweight,
+//! its reduce and dinput, no dinput for the first conv) and are recorded into
+//! one compute pass timed at its two ends (`GpuContext::timed_span`), as the
+//! reference replays its 20 calls as one CUDA graph. `cifar10_breakdown` times
+//! each dispatch in a pass of its own inside a real step instead. The table has
+//! the breakdown's layout, so `.ci/conv-verdict.awk` sets it against the
+//! reference's.
+
+use aether::conv::Padding;
+use aether::gpu::DevicePreference;
+use aether::nn::{Conv2d, Layer, Mode};
+use aether::{AetherError, Device, Result, Tensor};
+
+const USAGE: &str = "usage: conv_passes [--batch-size N] [--repeats N] [--calls N]";
+
+/// (H, W, C_in, C_out) of the v1 model's five 3x3 'same' convs, as in
+/// benches/pytorch_reference.py.
+const LAYERS: [(usize, usize, usize, usize); 5] = [
+    (32, 32, 3, 32),
+    (32, 32, 32, 32),
+    (16, 16, 32, 64),
+    (16, 16, 64, 64),
+    (8, 8, 64, 128),
+];
+
+struct Args {
+    batch: usize,
+    repeats: usize,
+    calls: usize,
+}
+
+impl Args {
+    fn parse() -> std::result::Result<Self, String> {
+        let mut args = Args {
+            batch: 256,
+            repeats: 30,
+            calls: 20,
+        };
+        let mut it = std::env::args().skip(1);
+        while let Some(flag) = it.next() {
+            if matches!(flag.as_str(), "--help" | "-h") {
+                return Err(USAGE.into());
+            }
+            let value = it.next().ok_or(format!("{flag} needs a value"))?;
+            let count = match value.parse::<usize>() {
+                Ok(n) if n > 0 => n,
+                _ => return Err(format!("{flag} takes a whole number >= 1, got {value:?}")),
+            };
+            match flag.as_str() {
+                "--batch-size" => args.batch = count,
+                "--repeats" => args.repeats = count,
+                "--calls" => args.calls = count,
+                other => return Err(format!("unknown option {other:?}\n{USAGE}")),
+            }
+        }
+        Ok(args)
+    }
+}
+
+/// Values in [-1, 1) that differ along every axis.
+fn values(len: usize, seed: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919 + seed * 104_729) % 2000) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2);
+    });
+    let device =
+        Device::with_preference(DevicePreference::Gpu, &aether::gpu::GpuOptions::from_env()?)?;
+    let ctx = device.gpu_context().expect("a GPU device").clone();
+    println!("{}", ctx.caps().describe());
+    println!(
+        "batch {}, {} calls back to back per pass, median of {}",
+        args.batch, args.calls, args.repeats
+    );
+    println!(
+        "{:<5} {:<26} {:>10} {:>10} {:>9} {:>9}",
+        "layer", "conv", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s"
+    );
+    let mut total = 0.0;
+    for (index, &(h, w, c_in, c_out)) in LAYERS.iter().enumerate() {
+        let n = args.batch;
+        let first = index == 0;
+        let x =
+            Tensor::from_f32_as_f16(vec![n, h, w, c_in], &values(n * h * w * c_in, 1), &device)?;
+        let dy =
+            Tensor::from_f32_as_f16(vec![n, h, w, c_out], &values(n * h * w * c_out, 2), &device)?;
+        let mut layer = Conv2d::new(c_out, (3, 3), Padding::Same);
+        layer.build(&[h, w, c_in], index as u64, &device)?;
+        let train = Mode::Train { seed: 0, step: 0 };
+        // Once each first: plans made, pipelines compiled, input kept.
+        layer.forward(&x, train)?;
+        layer.backward(&dy, !first)?;
+        ctx.wait_idle()?;
+        let time = |pass: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            let mut samples = Vec::with_capacity(args.repeats);
+            for _ in 0..args.repeats {
+                let ((), nanos) = ctx.timed_span(|| (0..args.calls).try_for_each(|_| pass()))?;
+                if nanos <= 0.0 {
+                    return Err(AetherError::Gpu {
+                        during: "timing",
+                        message: "a timed span recorded no dispatch".into(),
+                    });
+                }
+                samples.push(nanos / 1e6 / args.calls as f64);
+            }
+            Ok(median(samples))
+        };
+        let forward = time(&mut || layer.forward(&x, train).map(drop))?;
+        let backward = time(&mut || layer.backward(&dy, !first).map(drop))?;
+        let gemm = (2 * n * h * w * 9 * c_in * c_out) as f64;
+        // dweight with its dbias row, and dinput except for the first conv.
+        let backward_flops =
+            gemm * (if first { 1.0 } else { 2.0 }) + (2 * n * h * w * c_out) as f64;
+        println!(
+            "{index:<5} Conv2d {:<19} {forward:>10.4} {backward:>10.4} {:>9.2} {:>9.2}",
+            format!("{h}x{w}x{c_in}->{c_out}"),
+            gemm / (forward * 1e-3) / 1e12,
+            backward_flops / (backward * 1e-3) / 1e12,
+        );
+        total += forward + backward;
+    }
+    println!("{:<32} {total:>10.4} ms (fwd+bwd)", "all convs");
+    Ok(())
+}
