@@ -390,17 +390,24 @@ fn a_step_is_recorded_into_one_submission() {
     );
 }
 
-#[test]
-fn timestamp_queries_time_each_dispatch() {
-    let Some(ctx) = own_context(&test_gpu_options()) else {
-        return;
-    };
+/// A context of its own with timestamp queries and `values` on its device;
+/// `None` (after a skip line) without them.
+fn timed_context(values: &[f32]) -> Option<(Arc<GpuContext>, Tensor)> {
+    let ctx = own_context(&test_gpu_options())?;
     if !ctx.caps().timestamps {
         skip("adapter has no timestamp queries");
-        return;
+        return None;
     }
     let device = Device::Gpu(ctx.clone());
-    let x = Tensor::from_f32(vec![4096], Rng::fresh().vec(4096), &device).unwrap();
+    let x = Tensor::from_f32(vec![values.len()], values.to_vec(), &device).unwrap();
+    Some((ctx, x))
+}
+
+#[test]
+fn timestamp_queries_time_each_dispatch() {
+    let Some((ctx, x)) = timed_context(&Rng::fresh().vec(4096)) else {
+        return;
+    };
     let (_, times) = ctx
         .timed(8, || {
             let y = aether::ops::relu(&x)?;
@@ -419,16 +426,10 @@ fn timestamp_queries_time_each_dispatch() {
 /// no dispatch; an error where a read back splits the pass.
 #[test]
 fn a_timed_span_times_its_dispatches_back_to_back() {
-    let Some(ctx) = own_context(&test_gpu_options()) else {
+    let mut expected = Rng::fresh().vec(4096);
+    let Some((ctx, x)) = timed_context(&expected) else {
         return;
     };
-    if !ctx.caps().timestamps {
-        skip("adapter has no timestamp queries");
-        return;
-    }
-    let device = Device::Gpu(ctx.clone());
-    let mut expected = Rng::fresh().vec(4096);
-    let x = Tensor::from_f32(vec![4096], expected.clone(), &device).unwrap();
     ctx.flush();
     let (submissions, dispatches) = (ctx.submission_count(), ctx.dispatch_count());
     let (y, nanos) = ctx
