@@ -13,17 +13,33 @@ fn pool_mask_draws() -> MaskDraws {
     );
 }
 
-// The first output of this workgroup's 256 invocations, each taking `per_lane`.
-fn first_output(wid: vec3<u32>, per_lane: u32) -> u32 {
-    return first_invocation(wid, params.row_stride) * per_lane;
-}
-
 // Draws the masks of the images that outputs first .. first + count - 1 lie
 // in (see fill_mask_table: every invocation calls it, a barrier follows).
 fn fill_pool_masks(first: u32, count: u32, lane: u32) -> bool {
     let span = params.h_out * params.w_out * params.c;
     let last = min(first + count - 1u, params.len - 1u);
     return fill_mask_table(pool_mask_draws(), first / span, last / span, params.c, lane);
+}
+
+// An invocation of a folded kernel: its workgroup's first output and whether
+// the masks are tabled (pool_mask's arguments), its own first output `o`, and
+// whether it has any.
+struct PoolLane {
+    first: u32,
+    tabled: bool,
+    o: u32,
+    live: bool,
+}
+
+// Lane `lidx` of a workgroup of 256 invocations, each taking `per_lane`
+// consecutive outputs, after drawing the workgroup's masks: every invocation
+// calls it from uniform control flow, and a barrier follows before the masks
+// are read.
+fn pool_lane(wid: vec3<u32>, lidx: u32, per_lane: u32) -> PoolLane {
+    let first = first_invocation(wid, params.row_stride) * per_lane;
+    let tabled = fill_pool_masks(first, 256u * per_lane, lidx);
+    let o = first + per_lane * lidx;
+    return PoolLane(first, tabled, o, o < params.len);
 }
 
 // The mask of output `o` of a workgroup whose first output is `first`.

@@ -44,21 +44,18 @@ fn main_dropout(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lidx: u32,
 ) {
-    let first = first_output(wid, 1u);
-    let tabled = fill_pool_masks(first, 256u, lidx);
+    let lane = pool_lane(wid, lidx, 1u);
     // Before the barrier: dy and the argmax load while the table's draws run
     // (docs/perf-notes.md, entry 69).
-    let o = first + lidx;
-    let live = o < params.len;
     var g = 0.0;
     var winner = 0u;
-    if (live) {
-        g = dy[o];
-        winner = argmax[o];
+    if (lane.live) {
+        g = dy[lane.o];
+        winner = argmax[lane.o];
     }
     workgroupBarrier();
-    if (live) {
-        scatter_window(o, g * pool_mask(tabled, first, o), winner);
+    if (lane.live) {
+        scatter_window(lane.o, g * pool_mask(lane.tabled, lane.first, lane.o), winner);
     }
 }
 
@@ -70,21 +67,19 @@ fn main_dropout4(
     @builtin(local_invocation_index) lidx: u32,
 ) {
     // Here `len` counts outputs; an invocation takes outputs o .. o + 3.
-    let first = first_output(wid, 4u);
-    let tabled = fill_pool_masks(first, 1024u, lidx);
-    let o = first + 4u * lidx;
-    let live = o < params.len;
+    let lane = pool_lane(wid, lidx, 4u);
+    let o = lane.o;
     var g = vec4(0.0);
     var winner = vec4(0u);
-    if (live) {
+    if (lane.live) {
         g = dy4[o / 4u];
         winner = argmax4[o / 4u];
     }
     workgroupBarrier();
-    if (!live) {
+    if (!lane.live) {
         return;
     }
-    let masked = g * pool_masks4(tabled, first, o);
+    let masked = g * pool_masks4(lane.tabled, lane.first, o);
     let grad = select(masked, vec4(0.0), bitcast<vec4<u32>>(masked) == vec4(0x80000000u));
     let at = nhwc_position(o, params.h_out, params.w_out);
     let lanes = vec4(0u, 1u, 2u, 3u);

@@ -51,35 +51,28 @@ fn window_max4(o: u32) -> array<vec4<u32>, 2> {
 }
 
 // What an invocation of main_dropout4 or main_dropout_f16 has found before
-// the barrier: its first output o (outputs o .. o + 3), whether it has any,
-// the maxima's bits and indices, and where the workgroup's masks are.
+// the barrier: its lane (outputs o .. o + 3) and the maxima's bits and indices.
 struct Maxima4 {
-    o: u32,
-    live: bool,
+    lane: PoolLane,
     best: array<vec4<u32>, 2>,
-    first: u32,
-    tabled: bool,
 }
 
 // Draws the workgroup's masks and, meanwhile, finds this invocation's four
 // maxima; the caller's barrier follows (every invocation calls it from
-// uniform control flow, as fill_pool_masks needs).
+// uniform control flow, as pool_lane needs).
 fn maxima4_before_barrier(wid: vec3<u32>, lidx: u32) -> Maxima4 {
-    // Here `len` counts outputs; an invocation takes outputs o .. o + 3.
-    let first = first_output(wid, 4u);
-    let tabled = fill_pool_masks(first, 1024u, lidx);
-    let o = first + 4u * lidx;
-    let live = o < params.len;
+    let lane = pool_lane(wid, lidx, 4u);
     var best: array<vec4<u32>, 2>;
-    if (live) {
-        best = window_max4(o);
+    if (lane.live) {
+        best = window_max4(lane.o);
     }
-    return Maxima4(o, live, best, first, tabled);
+    return Maxima4(lane, best);
 }
 
 // The four maxima times their masks, as f32 bits.
 fn masked4(m: Maxima4) -> vec4<u32> {
-    return bitcast<vec4<u32>>(bitcast<vec4<f32>>(m.best[0]) * pool_masks4(m.tabled, m.first, m.o));
+    let masks = pool_masks4(m.lane.tabled, m.lane.first, m.lane.o);
+    return bitcast<vec4<u32>>(bitcast<vec4<f32>>(m.best[0]) * masks);
 }
 
 @compute @workgroup_size(256)
@@ -87,22 +80,19 @@ fn main_dropout(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lidx: u32,
 ) {
-    let first = first_output(wid, 1u);
-    let tabled = fill_pool_masks(first, 256u, lidx);
+    let lane = pool_lane(wid, lidx, 1u);
     // Before the barrier: the windows load while the table's draws run.
-    let o = first + lidx;
-    let live = o < params.len;
     var best = vec2(0u);
-    if (live) {
-        best = window_max(o);
+    if (lane.live) {
+        best = window_max(lane.o);
     }
     workgroupBarrier();
-    if (!live) {
+    if (!lane.live) {
         return;
     }
-    let product = bitcast<u32>(bitcast<f32>(best.x) * pool_mask(tabled, first, o));
-    y[o] = select(product, best.x, mask_is_identity());
-    argmax[o] = best.y;
+    let product = bitcast<u32>(bitcast<f32>(best.x) * pool_mask(lane.tabled, lane.first, lane.o));
+    y[lane.o] = select(product, best.x, mask_is_identity());
+    argmax[lane.o] = best.y;
 }
 
 @compute @workgroup_size(256)
@@ -112,11 +102,11 @@ fn main_dropout4(
 ) {
     let m = maxima4_before_barrier(wid, lidx);
     workgroupBarrier();
-    if (!m.live) {
+    if (!m.lane.live) {
         return;
     }
-    y4[m.o / 4u] = select(masked4(m), m.best[0], mask_is_identity());
-    argmax4[m.o / 4u] = m.best[1];
+    y4[m.lane.o / 4u] = select(masked4(m), m.best[0], mask_is_identity());
+    argmax4[m.lane.o / 4u] = m.best[1];
 }
 
 @compute @workgroup_size(256)
@@ -126,10 +116,10 @@ fn main_dropout_f16(
 ) {
     let m = maxima4_before_barrier(wid, lidx);
     workgroupBarrier();
-    if (!m.live) {
+    if (!m.lane.live) {
         return;
     }
     let h = f16_bits4(masked4(m));
-    y_f16[m.o / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
-    argmax4[m.o / 4u] = m.best[1];
+    y_f16[m.lane.o / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
+    argmax4[m.lane.o / 4u] = m.best[1];
 }
