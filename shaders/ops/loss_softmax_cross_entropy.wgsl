@@ -4,18 +4,12 @@
 //   dlogits_k = (p_k - t_k) / N, and for k = a: ((1 - t_a) - rest / (1 + rest)) / N
 // so a confident correct row keeps its (tiny) loss and gradient to a few ULP.
 // A label >= K matches no class: its target is s / K everywhere.
-// Each row writes loss_row / N (loss_softmax_cross_entropy_row.wgsl, prepended);
-// a separate pass sums them in a fixed order.
+// Each row writes loss_row / N (loss_softmax_cross_entropy_row.wgsl, prepended,
+// with the logits, labels and dlogits bindings); a separate pass sums them in a
+// fixed order.
 
-@group(0) @binding(0) var<storage, read> logits: array<f32>;
-@group(0) @binding(1) var<storage, read> labels: array<u32>;
-@group(0) @binding(2) var<storage, read_write> dlogits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> row_losses: array<f32>;
 @group(0) @binding(4) var<uniform> params: Params;
-
-fn input_value(i: u32) -> f32 {
-    return logits[i];
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

@@ -1,8 +1,17 @@
 // The fused softmax + categorical cross-entropy of one row (see
 // loss_softmax_cross_entropy.wgsl): writes the row's dlogits and returns its
 // loss divided by N, with the index of its maximum (the first on ties, as
-// loss_correct.wgsl takes it). Reads `logits`, `labels` and `params` and
-// writes `dlogits`, which the kernel it is prepended to declares.
+// loss_correct.wgsl takes it). Both kernels it is prepended to bind logits,
+// labels and dlogits as here; each declares its own outputs after them and
+// `params` last.
+
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read> labels: array<u32>;
+@group(0) @binding(2) var<storage, read_write> dlogits: array<f32>;
+
+fn input_value(i: u32) -> f32 {
+    return logits[i];
+}
 
 struct RowLoss {
     loss: f32,

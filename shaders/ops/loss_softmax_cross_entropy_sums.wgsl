@@ -4,18 +4,11 @@
 // (loss_correct.wgsl's rule), with each row's dlogits. Three dispatches fewer
 // than the row kernel, the correct kernel and their two sums
 // (docs/perf-notes.md, entry 72). loss_softmax_cross_entropy_row.wgsl is
-// prepended.
+// prepended, with the logits, labels and dlogits bindings.
 
-@group(0) @binding(0) var<storage, read> logits: array<f32>;
-@group(0) @binding(1) var<storage, read> labels: array<u32>;
-@group(0) @binding(2) var<storage, read_write> dlogits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> loss: array<f32>;
 @group(0) @binding(4) var<storage, read_write> correct: array<u32>;
 @group(0) @binding(5) var<uniform> params: Params;
-
-fn input_value(i: u32) -> f32 {
-    return logits[i];
-}
 
 const ROWS: u32 = 256u;
 var<workgroup> losses: array<f32, ROWS>;
