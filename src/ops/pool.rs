@@ -642,9 +642,10 @@ pub fn max_pool2d_dropout_backward(
     }
     let ctx = gpu_context(dy);
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
-    let (key, per_lane) = match g.c.is_multiple_of(4) {
-        true => (("pool_max_backward_tiled_dropout4", "main_dropout4"), 4),
-        false => (("pool_max_backward_tiled_dropout", "main_dropout"), 1),
+    let (key, per_lane) = if g.c.is_multiple_of(4) {
+        (("pool_max_backward_tiled_dropout4", "main_dropout4"), 4)
+    } else {
+        (("pool_max_backward_tiled_dropout", "main_dropout"), 1)
     };
     launch_entry(
         ctx,
