@@ -2,7 +2,7 @@
 // (forward_halo.wgsl) applied to the weight gradient. For a block of output
 // positions, dW[(r, s), ci, co] += sum over the positions p of
 // x[p + (r, s), ci] * dy[p, co]: the A tile (T input channels x T positions
-// along one output row) is T consecutive halo pixels read column-major, one
+// along output rows) is T consecutive staged pixels read column-major, one
 // pixel stride apart, and the B tile is T positions of the staged dy block.
 // Each input value is fetched once per block instead of once per tap.
 //
@@ -12,24 +12,27 @@
 // subgroup per filter tap owns that tap's 2 x 2 tiles; subgroup R * S
 // multiplies a tile of ones by dy, so every row of its tiles is a dbias sum.
 // Per block: stage the halo (BH + R - 1) x (BW + S - 1) pixels of CB channels
-// and the BH * BW x CB dy block, barrier, multiply, barrier; the next block's
-// halo and dy are fetched into registers while this one multiplies. Partial
+// (S shifted copies of (BH + R - 1) x BW where whole rows are narrower than a
+// tile, halo_pixels.wgsl) and the BH * BW x CB dy block, barrier, multiply,
+// barrier; the next block's halo and dy are fetched into registers while this
+// one multiplies. Partial
 // sums go to [z][K + BIAS_ROWS][C_OUT]: rows of dW as the GEMM core writes
 // them, then the dbias subgroups' tiles, 2 tiles of rows per input-channel
 // chunk (every matrix store is unconditional: naga wants them in uniform
 // control flow), of which dweight_reduce.wgsl reads row K.
 //
-// Written in by the host (src/conv/halo.rs): T, SUBGROUP, BH, BW, HALO_H,
-// HALO_W, TAPS (= R * S), BIAS_ROWS, and the pieces marked `// generated:`.
+// Written in by the host (src/conv/dweight_halo.rs): T, SUBGROUP, BH, BW,
+// COPIES, HALO_H, HALO_W, TAPS (= R * S), BIAS_ROWS, and the pieces marked
+// `// generated:`.
 
 const CB: u32 = 2u * T;
 const THREADS: u32 = (TAPS + 1u) * SUBGROUP;
 // Pixel and position strides in vec4<f16>: the chunk's channels plus 8 halves.
 const LDP: u32 = CB / 4u + 2u;
-const HALO_RUNS: u32 = HALO_H * HALO_W * (CB / 8u);
+const HALO_RUNS: u32 = HALO_PIXELS * (CB / 8u);
 const DY_RUNS: u32 = BH * BW * (CB / 8u);
 // After the halo: T halves of ones, the dbias subgroup's A tile (stride 0).
-const ONES: u32 = HALO_H * HALO_W * LDP;
+const ONES: u32 = HALO_PIXELS * LDP;
 
 const HALO_SLOTS: u32 = (HALO_RUNS + THREADS - 1u) / THREADS;
 const DY_SLOTS: u32 = (DY_RUNS + THREADS - 1u) / THREADS;
@@ -44,7 +47,7 @@ struct BlockRuns {
 }
 
 // Reads this thread's runs of block `block` (image-major, then block rows)
-// from global memory: halo pixel g / (CB / 8) and dy position g / (CB / 8),
+// from global memory: staged pixel g / (CB / 8) and dy position g / (CB / 8),
 // channels 8 at a time.
 fn fetch_block(regs: ptr<function, BlockRuns>, block: u32, ci0: u32, co0: u32, lidx: u32) {
     let blocks_w = W_OUT / BW;
@@ -56,10 +59,10 @@ fn fetch_block(regs: ptr<function, BlockRuns>, block: u32, ci0: u32, co0: u32, l
     let iw0 = i32(ow0) - i32(PAD_LEFT);
     for (var s = 0u; s < HALO_SLOTS; s++) {
         let g = lidx + s * THREADS;
-        let pixel = g / (CB / 8u);
+        let at = vec2<i32>(halo_source(g / (CB / 8u)));
         var run = Run();
         if (g < HALO_RUNS) {
-            run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), ci0 + (g % (CB / 8u)) * 8u);
+            run = x_pixel_run(n, ih0 + at.x, iw0 + at.y, ci0 + (g % (CB / 8u)) * 8u);
         }
         (*regs).halo[s] = run;
     }
@@ -132,8 +135,8 @@ fn main(
             fetch_block(&regs, next, ci0, co0, lidx);
         }
         for (var p0 = 0u; p0 < BH * BW; p0 += T) {
-            // T positions along block row p0 / BW, from column p0 % BW.
-            let a_at = select(((p0 / BW + r) * HALO_W + p0 % BW + s) * LDP, ONES, is_bias);
+            // T positions from block row p0 / BW, column p0 % BW.
+            let a_at = select(halo_pixel(p0 / BW, p0 % BW, r, s) * LDP, ONES, is_bias);
             // generated: 2 loads of A (halo, or ones for dbias), 2 of B, 4 multiply-adds
         }
     }

@@ -7,7 +7,7 @@
 use super::common::ConvShapeMeta;
 use super::coop::{const_lines, fill_template, multiply_adds};
 use super::dweight::pinned_split_per_unit;
-use super::halo::{fits_memory, runs_subgroups, whole_blocks};
+use super::halo::{HALO_PIXELS, fits_memory, runs_subgroups, staged_halo, whole_blocks};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
@@ -57,9 +57,9 @@ pub struct DWeightHalo {
     pub tile: u32,
     pub rows: u32,
     pub cols: u32,
-    /// Filter taps `R * S`, and halo rows and columns (`rows + R - 1`, `cols + S - 1`).
+    /// Filter taps `R * S`, and the staged halo's copies, rows and columns.
     pub taps: u32,
-    pub halo: [u32; 2],
+    pub halo: [u32; 3],
     /// Slices of the blocks (the grid's x): the split-K of the GEMM core.
     pub slices: u32,
 }
@@ -96,7 +96,7 @@ impl DWeightHalo {
             rows: rows as u32,
             cols: cols as u32,
             taps,
-            halo: [rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
+            halo: staged_halo(tile, meta, rows, cols),
             slices: slices as u32,
         };
         fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, DWEIGHT_HALO_ENV)?;
@@ -107,8 +107,8 @@ impl DWeightHalo {
     /// pixel) and the dbias subgroup's ones.
     pub fn workgroup_bytes(&self) -> usize {
         let pixel = 2 * self.tile as usize + 8;
-        let [h, w] = self.halo.map(|v| v as usize);
-        (h * w * pixel + (self.rows * self.cols) as usize * pixel + self.tile as usize) * 2
+        let [copies, h, w] = self.halo.map(|v| v as usize);
+        (copies * h * w * pixel + (self.rows * self.cols) as usize * pixel + self.tile as usize) * 2
     }
 
     /// Rows of each slice's partial sums: the `K` rows of dW, then `C_in`
@@ -123,13 +123,14 @@ impl DWeightHalo {
     }
 
     /// The constants dweight_halo.wgsl expects.
-    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 8] {
-        let [halo_h, halo_w] = self.halo;
+    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 9] {
+        let [copies, halo_h, halo_w] = self.halo;
         [
             ("T", self.tile),
             ("SUBGROUP", subgroup),
             ("BH", self.rows),
             ("BW", self.cols),
+            ("COPIES", copies),
             ("HALO_H", halo_h),
             ("HALO_W", halo_w),
             ("TAPS", self.taps),
@@ -174,7 +175,7 @@ impl DWeightHalo {
                 ),
                 ("stores of the 2 x 2 tiles", stores),
             ],
-        )
+        ) + HALO_PIXELS
     }
 }
 
@@ -197,7 +198,7 @@ mod tests {
             rows: 4,
             cols: 32,
             taps: 9,
-            halo: [6, 34],
+            halo: [1, 6, 34],
             slices: 4,
         };
         let src = block.core_source(TEMPLATE, 32, &m);
@@ -225,9 +226,18 @@ mod tests {
         let conv4 = meta([256, 16, 16, 64], 64);
         let block = DWeightHalo::fit(16, &conv4, &caps).unwrap();
         assert_eq!(block.grid(&conv4), [66, 4, 1]);
-        // 3 input channels are no chunk; 8 x 8 outputs no whole blocks.
+        // 64 -> 128 at 8 x 8, narrower than a tile: a whole image a block,
+        // 3 copies of its 10 x 8 halo pixels.
+        let conv5 = meta([256, 8, 8, 64], 128);
+        let block = DWeightHalo::fit(16, &conv5, &caps).unwrap();
+        assert_eq!((block.rows, block.cols, block.halo), (8, 8, [3, 10, 8]));
+        assert_eq!(
+            block.workgroup_bytes(),
+            (3 * 10 * 8 * 40 + 64 * 40 + 16) * 2
+        );
+        assert_eq!(block.grid(&conv5), [33, 8, 1]);
+        // 3 input channels are no chunk.
         assert!(DWeightHalo::fit(16, &meta([256, 32, 32, 3], 32), &caps).is_err());
-        assert!(DWeightHalo::fit(16, &meta([256, 8, 8, 64], 128), &caps).is_err());
         // A 1x1 conv shares no taps (the 4096^3 GEMM of the conv bench).
         let pointwise = ConvParams::new(4096, 1, Padding::Same);
         let pointwise = ConvShapeMeta::new([1, 64, 64, 4096], &pointwise).unwrap();
