@@ -63,6 +63,12 @@ pub fn gpu() -> Option<Device> {
                     "[aether-test] GPU tests run on {}",
                     caps.describe()
                 ));
+                let coop = caps.coop_f16_f32_tile().is_some() && !caps.coop_disabled;
+                assert!(
+                    coop || std::env::var("AETHER_REQUIRE_COOP").as_deref() != Ok("1"),
+                    "AETHER_REQUIRE_COOP=1 but the adapter runs no coop kernels: {}",
+                    caps.describe()
+                );
                 Some(device)
             }
             Err(e) => {
