@@ -12,30 +12,37 @@ use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
 /// Environment variable for tuning: `0` turns dweight's halo kernel off (the
-/// GEMM core runs), a number pins the output positions of its blocks.
+/// GEMM core runs); `POSITIONS[xIN_TILESxOUT_TILES]` (e.g. `64x2x4`) pins the
+/// output positions of its blocks and the tiles of input and output channels
+/// each tap's subgroup owns (default 2 x 2).
 pub const DWEIGHT_HALO_ENV: &str = "AETHER_DWEIGHT_HALO";
 
-/// Output positions per block. Measured on the H200 (docs/perf-notes.md,
-/// entry 54): 64 made the v1 model's 32->32, 32->64 and 64->64 dweights
-/// 50%, 24% and 10% faster than the GEMM core; 32, 128 and 256 less so.
-const BLOCK_POSITIONS: usize = 64;
+/// Output positions per block and tiles of input and output channels per
+/// tap. Measured on the H200 (docs/perf-notes.md, entry 54): 64 positions
+/// made the v1 model's 32->32, 32->64 and 64->64 dweights 50%, 24% and 10%
+/// faster than the GEMM core; 32, 128 and 256 less so.
+const RULE_BLOCK: BlockSize = (64, [2, 2]);
 /// Workgroup memory a block may take (64-position blocks take 14-16 KiB).
 const RULE_BYTES: usize = 32 * 1024;
 
-/// The output positions per block: the tuning override, or the rule.
-fn block_positions() -> std::result::Result<usize, String> {
+/// A block's output positions and each tap's tiles of input and output
+/// channels.
+type BlockSize = (usize, [u32; 2]);
+
+/// The block size: the tuning override, or the rule.
+fn block_size() -> std::result::Result<BlockSize, String> {
     let Ok(text) = std::env::var(DWEIGHT_HALO_ENV) else {
-        return Ok(BLOCK_POSITIONS);
+        return Ok(RULE_BLOCK);
     };
-    match text.trim().parse::<usize>() {
-        Ok(positions) if positions > 0 => Ok(positions),
-        Ok(_) => Err(format!("{DWEIGHT_HALO_ENV}=0")),
-        Err(_) => {
+    match parse_block(&text) {
+        Some(size) => Ok(size),
+        None if text.trim() == "0" => Err(format!("{DWEIGHT_HALO_ENV}=0")),
+        None => {
             warn_once(
                 &format!("dweight-halo-env:{text}"),
                 &format!(
-                    "{DWEIGHT_HALO_ENV}={text:?} is neither 0 nor a number of positions: \
-                     dweight's halo kernel is off"
+                    "{DWEIGHT_HALO_ENV}={text:?} is neither 0 nor POSITIONS[xIN_TILESxOUT_TILES] \
+                     (e.g. 64x2x4, 1 to 4 tiles each): dweight's halo kernel is off"
                 ),
             );
             Err(format!("{DWEIGHT_HALO_ENV}={text}"))
@@ -43,20 +50,32 @@ fn block_positions() -> std::result::Result<usize, String> {
     }
 }
 
-/// Chunks of 2 tiles of input by 2 tiles of output channels at `tile`.
-fn channel_chunks(tile: u32, meta: &ConvShapeMeta) -> usize {
-    let chunk = 2 * tile as usize;
-    (meta.c_in / chunk) * (meta.c_out / chunk)
+/// The block `text` pins (`POSITIONS[xIN_TILESxOUT_TILES]`, positions
+/// positive, 1 to 4 tiles each), or `None`.
+fn parse_block(text: &str) -> Option<BlockSize> {
+    let fields: Vec<usize> = text
+        .split('x')
+        .map(|v| v.trim().parse().ok().filter(|&v| v > 0))
+        .collect::<Option<_>>()?;
+    match fields[..] {
+        [positions] => Some((positions, RULE_BLOCK.1)),
+        [positions, tiles_in, tiles_out] if tiles_in <= 4 && tiles_out <= 4 => {
+            Some((positions, [tiles_in as u32, tiles_out as u32]))
+        }
+        _ => None,
+    }
 }
 
 /// One workgroup's share: a slice of the blocks of `rows x cols` output
-/// positions, for one chunk of 2 tiles of input by 2 tiles of output
+/// positions, for one chunk of `channel_tiles` tiles of input by output
 /// channels, with one subgroup per filter tap and one for dbias.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DWeightHalo {
     pub tile: u32,
     pub rows: u32,
     pub cols: u32,
+    /// Tiles of input and of output channels each tap's subgroup owns.
+    pub channel_tiles: [u32; 2],
     /// Filter taps `R * S`, and the staged halo's copies, rows and columns.
     pub taps: u32,
     pub halo: [u32; 3],
@@ -73,20 +92,18 @@ impl DWeightHalo {
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
     ) -> std::result::Result<Self, String> {
-        let positions = block_positions()?;
-        let t = tile as usize;
+        let (positions, channel_tiles) = block_size()?;
         let (rows, cols) = whole_blocks(tile, meta, positions)?;
-        if !meta.c_in.is_multiple_of(2 * t) || !meta.c_out.is_multiple_of(2 * t) {
+        let [chunk_in, chunk_out] = channel_tiles.map(|tiles| (tiles * tile) as usize);
+        if !meta.c_in.is_multiple_of(chunk_in) || !meta.c_out.is_multiple_of(chunk_out) {
             return Err(format!(
-                "channels {} -> {} are not whole chunks of {}",
-                meta.c_in,
-                meta.c_out,
-                2 * t
+                "channels {} -> {} are not whole chunks of {chunk_in} -> {chunk_out}",
+                meta.c_in, meta.c_out,
             ));
         }
         let taps = (meta.r * meta.s) as u32;
         runs_subgroups(caps, taps + 1)?;
-        let chunks = channel_chunks(tile, meta);
+        let chunks = (meta.c_in / chunk_in) * (meta.c_out / chunk_out);
         let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
         let units = caps.estimated_compute_units() as usize;
         let per_unit = pinned_split_per_unit().unwrap_or(2) as usize;
@@ -95,6 +112,7 @@ impl DWeightHalo {
             tile,
             rows: rows as u32,
             cols: cols as u32,
+            channel_tiles,
             taps,
             halo: staged_halo(tile, meta, rows, cols),
             slices: slices as u32,
@@ -103,31 +121,46 @@ impl DWeightHalo {
         Ok(block)
     }
 
-    /// The halo and the dy block (2 tiles of channels plus 8 halves a
+    /// The halo and the dy block (their chunks' channels plus 8 halves a
     /// pixel) and the dbias subgroup's ones.
     pub fn workgroup_bytes(&self) -> usize {
-        let pixel = 2 * self.tile as usize + 8;
+        let [pixel, position] = self
+            .channel_tiles
+            .map(|tiles| (tiles * self.tile) as usize + 8);
         let [copies, h, w] = self.halo.map(|v| v as usize);
-        (copies * h * w * pixel + (self.rows * self.cols) as usize * pixel + self.tile as usize) * 2
+        let positions = (self.rows * self.cols) as usize;
+        (copies * h * w * pixel + positions * position + self.tile as usize) * 2
+    }
+
+    /// Input by output channels of a workgroup's chunk.
+    fn chunk(&self) -> [usize; 2] {
+        self.channel_tiles.map(|tiles| (tiles * self.tile) as usize)
     }
 
     /// Rows of each slice's partial sums: the `K` rows of dW, then `C_in`
-    /// rows for the dbias subgroups (2 tiles per input-channel chunk).
+    /// rows for the dbias subgroups (a tile of rows per input-channel tile).
     pub fn partial_rows(meta: &ConvShapeMeta) -> usize {
         meta.k + meta.c_in
     }
 
     /// Workgroups: slices of the blocks, chunks of channels.
     pub fn grid(&self, meta: &ConvShapeMeta) -> [u32; 3] {
-        [self.slices, channel_chunks(self.tile, meta) as u32, 1]
+        let [chunk_in, chunk_out] = self.chunk();
+        [
+            self.slices,
+            ((meta.c_in / chunk_in) * (meta.c_out / chunk_out)) as u32,
+            1,
+        ]
     }
 
     /// The constants dweight_halo.wgsl expects.
-    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 9] {
+    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 11] {
         let [copies, halo_h, halo_w] = self.halo;
         [
             ("T", self.tile),
             ("SUBGROUP", subgroup),
+            ("TI", self.channel_tiles[0]),
+            ("TO", self.channel_tiles[1]),
             ("BH", self.rows),
             ("BW", self.cols),
             ("COPIES", copies),
@@ -142,38 +175,39 @@ impl DWeightHalo {
     /// pieces filled in.
     pub fn core_source(&self, template: &str, subgroup: u32, meta: &ConvShapeMeta) -> String {
         let mat = format!("coop_mat{t}x{t}", t = self.tile);
-        let tiles = [(0, 0), (0, 1), (1, 0), (1, 1)];
+        let [ti, to] = self.channel_tiles;
+        let tiles = || (0..ti).flat_map(|i| (0..to).map(move |j| (i, j)));
         let mut decls = String::new();
         let mut step = String::new();
         let mut stores = String::new();
-        for (i, j) in tiles {
+        for (i, j) in tiles() {
             decls += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
             stores += &format!(
                 "    coopStoreT(acc_{i}_{j}, &partial[out + {i}u * T * C_OUT + {j}u * T], C_OUT);\n"
             );
         }
-        for i in 0..2 {
-            // The ones are T halves: the dbias subgroup reads them for both tiles.
+        for i in 0..ti {
+            // The ones are T halves: the dbias subgroup reads them for every tile.
             step += &format!(
                 "            let a_{i} = coopLoad<{mat}<f16, A>>(&halo[a_at + select({i}u * T / 4u, 0u, is_bias)], a_stride);\n"
             );
         }
-        for j in 0..2 {
+        for j in 0..to {
             step += &format!(
-                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&dys[p0 * LDP + {j}u * T / 4u], LDP);\n"
+                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&dys[p0 * LDQ + {j}u * T / 4u], LDQ);\n"
             );
         }
-        step += &multiply_adds(tiles.into_iter(), "            ");
+        step += &multiply_adds(tiles(), "            ");
         fill_template(
             template,
             const_lines(&self.constants(subgroup, meta)),
             &[
                 ("accumulators acc_i_j", decls),
                 (
-                    "2 loads of A (halo, or ones for dbias), 2 of B, 4 multiply-adds",
+                    "TI loads of A (halo, or ones for dbias), TO of B, TI*TO multiply-adds",
                     step,
                 ),
-                ("stores of the 2 x 2 tiles", stores),
+                ("stores of the TI x TO tiles", stores),
             ],
         ) + HALO_PIXELS
     }
@@ -192,11 +226,12 @@ mod tests {
 
     #[test]
     fn every_generated_piece_is_filled_in() {
-        let m = meta([2, 8, 32, 32], 32);
+        let m = meta([2, 8, 32, 32], 64);
         let block = DWeightHalo {
             tile: 16,
             rows: 4,
             cols: 32,
+            channel_tiles: [2, 4],
             taps: 9,
             halo: [1, 6, 34],
             slices: 4,
@@ -204,8 +239,22 @@ mod tests {
         let src = block.core_source(TEMPLATE, 32, &m);
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
         assert!(!src.lines().any(marker), "a marker was left unreplaced");
-        assert!(src.contains("acc_1_1 = coopMultiplyAdd(a_1, b_1, acc_1_1);"));
+        assert!(src.contains("acc_1_3 = coopMultiplyAdd(a_1, b_3, acc_1_3);"));
+        assert!(!src.contains("acc_2_0") && !src.contains("a_2"));
+        assert!(src.contains("const TO: u32 = 4u;"));
         assert!(src.contains("const BIAS_ROWS: u32 = 32u;"));
+        // 6 x 34 pixels of 32 + 8 halves, 128 positions of 64 + 8.
+        assert_eq!(block.workgroup_bytes(), (6 * 34 * 40 + 128 * 72 + 16) * 2);
+        assert_eq!(block.grid(&m), [4, 1, 1]);
+    }
+
+    #[test]
+    fn a_pinned_block_takes_positions_and_optionally_both_tile_counts() {
+        assert_eq!(parse_block("64"), Some((64, [2, 2])));
+        assert_eq!(parse_block("32x1x4"), Some((32, [1, 4])));
+        for bad in ["0", "64x2", "64x0x2", "64x5x1", "64x2x2x2", "x"] {
+            assert_eq!(parse_block(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -1,0 +1,178 @@
+//! The halo kernels' blocks that only the tuning overrides pick (the
+//! candidates of `.ci/gpu-sweep-*.sh`) against the f64 direct convolution, on
+//! the coop variants. Each block is pinned through its environment variable,
+//! so this binary holds a single test, which sets the variables in turn while
+//! no other thread reads the environment.
+//!
+//! Bound (norm-relative, f16 operands): 5e-3.
+
+mod common;
+
+use aether::Tensor;
+use aether::conv::dweight_halo::DWEIGHT_HALO_ENV;
+use aether::conv::halo::HALO_ENV;
+use aether::conv::{
+    ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
+    conv2d_dinput, conv2d_dweight, conv2d_forward,
+};
+use common::conv_reference::{self as reference, norm_rel_error};
+use common::{Rng, report};
+
+const F16_BOUND: f64 = 5e-3;
+
+/// A pinned block: the variable and its value, the shape it runs on (3x3,
+/// same padding; blocks that fit at tiles 8 and 16), and what the plan of
+/// its direction must show.
+struct Pin {
+    var: &'static str,
+    value: &'static str,
+    input: [usize; 4],
+    c_out: usize,
+    direction: ConvDirection,
+    ran: fn(&ConvLaunchPlan) -> bool,
+}
+
+fn pins() -> Vec<Pin> {
+    let narrow = [3, 16, 4, 64];
+    let wide = [2, 8, 16, 64];
+    vec![
+        // dweight: each tap's subgroup owning 1 x 2, 4 x 4 and 2 x 1 tiles of
+        // input by output channels, and 32-position blocks.
+        Pin {
+            var: DWEIGHT_HALO_ENV,
+            value: "64x1x2",
+            input: wide,
+            c_out: 64,
+            direction: ConvDirection::DWeight,
+            ran: |p| p.dweight_halo.is_some_and(|b| b.channel_tiles == [1, 2]),
+        },
+        Pin {
+            var: DWEIGHT_HALO_ENV,
+            value: "64x4x4",
+            input: wide,
+            c_out: 64,
+            direction: ConvDirection::DWeight,
+            ran: |p| p.dweight_halo.is_some_and(|b| b.channel_tiles == [4, 4]),
+        },
+        Pin {
+            var: DWEIGHT_HALO_ENV,
+            value: "32x2x1",
+            input: narrow,
+            c_out: 64,
+            direction: ConvDirection::DWeight,
+            ran: |p| {
+                p.dweight_halo
+                    .is_some_and(|b| b.channel_tiles == [2, 1] && b.rows * b.cols == 32)
+            },
+        },
+        // The forward's narrow blocks of the narrow sweep: 8 channel tiles
+        // over 2 columns of subgroups, 16 channels a stage; all 9 taps a step.
+        Pin {
+            var: HALO_ENV,
+            value: "64x8x3x4x2x16",
+            input: narrow,
+            c_out: 128,
+            direction: ConvDirection::Forward,
+            ran: |p| p.halo.is_some_and(|b| b.cols < b.tile && b.halo[0] == 16),
+        },
+        Pin {
+            var: HALO_ENV,
+            value: "64x4x9x4x2x16",
+            input: narrow,
+            c_out: 64,
+            direction: ConvDirection::Forward,
+            ran: |p| {
+                p.halo
+                    .is_some_and(|b| b.cols < b.tile && b.taps_per_step == 9)
+            },
+        },
+    ]
+}
+
+#[test]
+fn pinned_halo_blocks_match_the_f64_direct_convolution() {
+    let Some(device) = common::gpu() else {
+        return;
+    };
+    let caps = device.gpu_context().expect("gpu").caps();
+    let coop: Vec<ConvVariant> = ConvVariant::candidates(caps)
+        .into_iter()
+        .filter(|v| matches!(v, ConvVariant::Coop { .. }))
+        .collect();
+    if coop.is_empty() {
+        common::skip("no cooperative-matrix variant: no halo kernels");
+        return;
+    }
+    let mut rng = Rng::fresh();
+    for pin in pins() {
+        let params = ConvParams::new(pin.c_out, 3, Padding::Same);
+        let meta = ConvShapeMeta::new(pin.input, &params).unwrap();
+        let x = rng.vec(meta.n * meta.h * meta.w * meta.c_in);
+        let w = rng.vec(meta.k * meta.c_out);
+        let b = rng.vec(meta.c_out);
+        let dy = rng.vec(meta.m * meta.c_out);
+        let tensor = |dims: &[usize], data: &[f32]| {
+            Tensor::from_f32(dims.to_vec(), data.to_vec(), &device).unwrap()
+        };
+        let xt = tensor(&pin.input, &x);
+        let wt = tensor(&meta.weight_dims(), &w);
+        let bt = tensor(&[meta.c_out], &b);
+        let dyt = tensor(&meta.output_dims(), &dy);
+        let (want_dw, want_db) = reference::dweight(&meta, &x, &dy);
+        let want = [
+            reference::forward(&meta, &x, &w, &b),
+            want_dw,
+            want_db,
+            reference::dinput(&meta, &dy, &w),
+        ];
+        // SAFETY: this binary's only test; nothing else reads the
+        // environment while it changes.
+        unsafe { std::env::set_var(pin.var, pin.value) };
+        for &variant in &coop {
+            let ctx = format!(
+                "{}={} [{}] seed {}",
+                pin.var,
+                pin.value,
+                variant.name(),
+                rng.seed
+            );
+            // Fresh plans: each reads the pinned block as it is planned.
+            let plans = ConvPlans::forcing(variant);
+            let outputs = run(&plans, &params, &meta, [&xt, &wt, &bt, &dyt]);
+            for ((name, got), want) in outputs.iter().zip(&want) {
+                let err = norm_rel_error(got, want);
+                assert!(
+                    err <= F16_BOUND,
+                    "{name} {ctx}: error {err:e} > {F16_BOUND:e}"
+                );
+            }
+            let summary = plans.summary();
+            let ran = summary
+                .iter()
+                .any(|(d, _, plan)| *d == pin.direction && (pin.ran)(plan));
+            assert!(ran, "{ctx}: the pinned block did not run ({summary:?})");
+        }
+        // SAFETY: as above.
+        unsafe { std::env::remove_var(pin.var) };
+        report(&format!("[aether-test] {}={}: ok", pin.var, pin.value));
+    }
+}
+
+/// The forward, dweight, dbias and dinput of `meta` through `plans`.
+fn run(
+    plans: &ConvPlans,
+    params: &ConvParams,
+    meta: &ConvShapeMeta,
+    [x, w, b, dy]: [&Tensor; 4],
+) -> [(&'static str, Vec<f32>); 4] {
+    let y = conv2d_forward(x, w, b, params, plans).unwrap();
+    let (dw, db) = conv2d_dweight(x, dy, params, plans).unwrap();
+    let input = [meta.n, meta.h, meta.w, meta.c_in];
+    let dx = conv2d_dinput(dy, w, input, params, plans).unwrap();
+    [
+        ("forward", y.to_vec_f32().unwrap()),
+        ("dweight", dw.to_vec_f32().unwrap()),
+        ("dbias", db.to_vec_f32().unwrap()),
+        ("dinput", dx.to_vec_f32().unwrap()),
+    ]
+}
