@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# On the device (carrying .gl and .gpu-pack, packed by `bash .ci/gpu-pack.sh conv`):
-# issue 7's checks in one call, about 2.5 minutes on an H100: the v1 step's
-# breakdown, PyTorch + cuDNN on the same machine (benches/pytorch_reference.py)
-# with each conv pass set against cuDNN's (.ci/conv-verdict.awk), in the step
-# and back to back (examples/conv_passes.rs),
-# the large shape's and the 4096^3 GEMM's criterion benches (the GEMM also with
-# the blocks it had before docs/perf-notes.md entry 62), the conv suite and the
-# v1 shapes' benches. A summary goes to stdout and $OUT/log.txt, each tool's
-# whole output under $OUT.
+# On the device (carrying .gl and .gpu-pack, packed by
+# `bash .ci/gpu-pack.sh conv conv_pinned_blocks`): issue 7's checks in one
+# call, about 3 minutes on an H100: the v1 step's breakdown, PyTorch + cuDNN on
+# the same machine (benches/pytorch_reference.py) with each conv pass set
+# against cuDNN's (.ci/conv-verdict.awk), in the step and back to back
+# (examples/conv_passes.rs), the large shape's and the 4096^3 GEMM's criterion
+# benches (the GEMM also with the blocks it had before docs/perf-notes.md entry
+# 62), the conv suite, the sweeps' pinned blocks and the v1 shapes' benches. A
+# summary goes to stdout and $OUT/log.txt, each tool's whole output under $OUT.
 source .ci/gpu-env.sh
 R=${OUT:-/tmp/sweep}; mkdir -p "$R"
 conv_test=$(ls /tmp/b/tests/conv-*)
@@ -41,6 +41,13 @@ CONFIGS
 timeout 120 "$conv_test" --test-threads=1 > "$R/t.txt" 2>&1
 echo "conv suite: rc=$? $(grep 'test result' "$R/t.txt")"
 grep -E "panicked|^---- |\[aether\]" -A1 "$R/t.txt" | head -20
+# The sweeps' pinned blocks (packed with `gpu-pack.sh conv conv_pinned_blocks`).
+for t in /tmp/b/tests/conv_pinned_blocks-*; do
+    [ -e "$t" ] || continue
+    timeout 60 "$t" > "$R/pins.txt" 2>&1
+    echo "pinned blocks: rc=$? $(grep 'test result' "$R/pins.txt")"
+    grep -E "panicked" -A1 "$R/pins.txt" | head -4
+done
 timeout 80 /tmp/b/conv_bench --bench 'coop16/conv' < /dev/null > "$R/v1.txt" 2>&1
 echo "v1 shapes: rc=$?"; summary "$R/v1.txt"
 } 2>&1 | tee "$R/log.txt"
