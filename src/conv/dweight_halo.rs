@@ -7,7 +7,9 @@
 use super::common::ConvShapeMeta;
 use super::coop::{const_lines, fill_template, multiply_adds};
 use super::dweight::pinned_split_per_unit;
-use super::halo::{HALO_PIXELS, fits_memory, runs_subgroups, staged_halo, whole_blocks};
+use super::halo::{
+    HALO_PIXELS, block_fields, fits_memory, runs_subgroups, staged_halo, whole_blocks,
+};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
@@ -53,14 +55,10 @@ fn block_size() -> std::result::Result<BlockSize, String> {
 /// The block `text` pins (`POSITIONS[xIN_TILESxOUT_TILES]`, positions
 /// positive, 1 to 4 tiles each), or `None`.
 fn parse_block(text: &str) -> Option<BlockSize> {
-    let fields: Vec<usize> = text
-        .split('x')
-        .map(|v| v.trim().parse().ok().filter(|&v| v > 0))
-        .collect::<Option<_>>()?;
-    match fields[..] {
-        [positions] => Some((positions, RULE_BLOCK.1)),
+    match block_fields(text)?[..] {
+        [positions] => Some((positions as usize, RULE_BLOCK.1)),
         [positions, tiles_in, tiles_out] if tiles_in <= 4 && tiles_out <= 4 => {
-            Some((positions, [tiles_in as u32, tiles_out as u32]))
+            Some((positions as usize, [tiles_in, tiles_out]))
         }
         _ => None,
     }

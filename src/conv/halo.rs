@@ -108,14 +108,18 @@ fn block_sizes(
     }
 }
 
+/// The positive numbers of a pinned block, `x` between them (`256x4x3x16`),
+/// or `None` where any field is not one.
+pub(crate) fn block_fields(text: &str) -> Option<Vec<u32>> {
+    text.split('x')
+        .map(|v| v.trim().parse().ok().filter(|&v| v > 0))
+        .collect()
+}
+
 /// The block `text` pins (`POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS[xCOLUMNS[xCHUNK]]`,
 /// every field positive, 1 to 8 channel tiles), or `None`.
 fn parse_block(text: &str) -> Option<BlockSize> {
-    let fields: Vec<u32> = text
-        .split('x')
-        .map(|v| v.trim().parse().ok().filter(|&v| v > 0))
-        .collect::<Option<_>>()?;
-    match fields[..] {
+    match block_fields(text)?[..] {
         [positions, tiles, step, subgroups, ref rest @ ..]
             if (1..=8).contains(&tiles) && rest.len() <= 2 =>
         {
