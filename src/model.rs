@@ -148,6 +148,26 @@ fn flagged(flags: &[bool]) -> Vec<usize> {
     (0..flags.len()).filter(|&i| flags[i]).collect()
 }
 
+/// The error naming the first of `losses` (each with the step that made it)
+/// that is not finite, or `None`. Training reads a loss back on logging steps
+/// only, so a divergence seen there is traced back to the step it began at.
+pub(crate) fn first_non_finite<'a>(
+    losses: impl IntoIterator<Item = (u64, &'a Tensor)>,
+    epoch: usize,
+) -> Result<Option<AetherError>> {
+    for (step, loss) in losses {
+        let value = loss.to_vec_f32()?[0];
+        if !value.is_finite() {
+            return Ok(Some(AetherError::NonFiniteLoss {
+                step,
+                epoch,
+                loss: value,
+            }));
+        }
+    }
+    Ok(None)
+}
+
 fn model_err(message: impl Into<String>) -> AetherError {
     AetherError::Model(message.into())
 }
@@ -602,11 +622,14 @@ impl Model {
                 if (s + 1) % options.log_every.max(1) == 0 || s + 1 == steps {
                     let value = loss.to_vec_f32()?[0];
                     if !value.is_finite() {
-                        return Err(AetherError::NonFiniteLoss {
-                            step: self.step,
-                            epoch,
-                            loss: value,
-                        });
+                        let earlier = pending.iter().map(|(step, loss, _)| (*step, loss));
+                        return Err(first_non_finite(earlier, epoch)?.unwrap_or(
+                            AetherError::NonFiniteLoss {
+                                step: self.step,
+                                epoch,
+                                loss: value,
+                            },
+                        ));
                     }
                     if let Some(bar) = &bar {
                         let rate = (s + 1) as f64 / start.elapsed().as_secs_f64();
@@ -619,14 +642,14 @@ impl Model {
                 if let Some(bar) = &bar {
                     bar.inc(1);
                 }
-                pending.push((loss, correct, chunk.len()));
+                pending.push((self.step, loss, correct));
             }
             let (mut loss_sum, mut correct_sum) = (0.0f64, 0u64);
-            for (loss, correct, _) in &pending {
+            for (step, loss, correct) in &pending {
                 let value = loss.to_vec_f32()?[0];
                 if !value.is_finite() {
                     return Err(AetherError::NonFiniteLoss {
-                        step: self.step,
+                        step: *step,
                         epoch,
                         loss: value,
                     });

@@ -356,32 +356,38 @@ fn configuration_errors_are_clear() {
 test_device!(
     non_finite_loss_stops_training_naming_the_step,
     |device: &Device| {
-        let mut model = Model::new().seed(2);
-        model.to(device).unwrap();
-        model.add(Flatten::default());
-        model.add(Dense::new(3));
-        model.configure(
-            Loss::SoftmaxCrossEntropy {
-                label_smoothing: 0.0,
-            },
-            Adam::new(1e-2),
-            Metric::CategoricalAccuracy,
-        );
-        model.finalize(&[2, 2, 1]).unwrap();
         let mut x = Rng::fresh().vec(4 * 8);
         x[5 * 4] = f32::NAN; // sample 5, in the third batch of two
         let y = vec![0, 1, 2, 0, 1, 2, 0, 1];
-        let options = TrainOptions {
-            epochs: 1,
-            batch_size: 2,
-            shuffle: false,
-            log_every: 1,
-            progress: false,
-            ..TrainOptions::default()
-        };
-        match model.train(&x, &y, &options) {
-            Err(AetherError::NonFiniteLoss { step, .. }) => assert_eq!(step, 3),
-            other => panic!("expected NonFiniteLoss, got {other:?}"),
+        // Logging every step, and only at the epoch's end: the loss is read
+        // back at step 4 there, and the error still names step 3.
+        for log_every in [1, 100] {
+            let mut model = Model::new().seed(2);
+            model.to(device).unwrap();
+            model.add(Flatten::default());
+            model.add(Dense::new(3));
+            model.configure(
+                Loss::SoftmaxCrossEntropy {
+                    label_smoothing: 0.0,
+                },
+                Adam::new(1e-2),
+                Metric::CategoricalAccuracy,
+            );
+            model.finalize(&[2, 2, 1]).unwrap();
+            let options = TrainOptions {
+                epochs: 1,
+                batch_size: 2,
+                shuffle: false,
+                log_every,
+                progress: false,
+                ..TrainOptions::default()
+            };
+            match model.train(&x, &y, &options) {
+                Err(AetherError::NonFiniteLoss { step, .. }) => {
+                    assert_eq!(step, 3, "log_every {log_every}")
+                }
+                other => panic!("log_every {log_every}: expected NonFiniteLoss, got {other:?}"),
+            }
         }
     }
 );

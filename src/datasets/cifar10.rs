@@ -18,7 +18,7 @@ use crate::conv::ConvVariant;
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::gpu::{DevicePreference, GpuOptions};
-use crate::model::{Loss, Metric};
+use crate::model::{Loss, Metric, first_non_finite};
 use crate::ops::augment::random_crop_flip;
 use crate::optim::Adam;
 use crate::tensor::Tensor;
@@ -694,16 +694,34 @@ impl Trainer<'_> {
             let (loss, correct) = self.model.train_tensors(&xb, &yb)?;
             self.step += 1;
             if (s + 1) % LOG_EVERY == 0 || s + 1 == steps {
-                let value = self.finite(loss.to_vec_f32()?[0], epoch)?;
+                let value = loss.to_vec_f32()?[0];
+                if !value.is_finite() {
+                    let earlier = pending.iter().map(|(step, loss, _)| (*step, loss));
+                    return Err(first_non_finite(earlier, epoch)?.unwrap_or(
+                        AetherError::NonFiniteLoss {
+                            step: self.step,
+                            epoch,
+                            loss: value,
+                        },
+                    ));
+                }
                 let rate = (s + 1) as f64 / start.elapsed().as_secs_f64();
                 bar.set_message(format!("loss {value:.4}  {rate:.1} steps/s"));
             }
             bar.inc(1);
-            pending.push((loss, correct));
+            pending.push((self.step, loss, correct));
         }
         let (mut loss_sum, mut correct_sum) = (0.0f64, 0u64);
-        for (loss, correct) in &pending {
-            loss_sum += f64::from(self.finite(loss.to_vec_f32()?[0], epoch)?);
+        for (step, loss, correct) in &pending {
+            let value = loss.to_vec_f32()?[0];
+            if !value.is_finite() {
+                return Err(AetherError::NonFiniteLoss {
+                    step: *step,
+                    epoch,
+                    loss: value,
+                });
+            }
+            loss_sum += f64::from(value);
             correct_sum += u64::from(correct.to_vec_u32()?[0]);
         }
         let train_seconds = start.elapsed().as_secs_f64();
@@ -719,18 +737,6 @@ impl Trainer<'_> {
             ms_per_step: train_seconds * 1000.0 / steps as f64,
             images_per_second: n as f64 / train_seconds,
         })
-    }
-
-    fn finite(&self, loss: f32, epoch: usize) -> Result<f32> {
-        if loss.is_finite() {
-            Ok(loss)
-        } else {
-            Err(AetherError::NonFiniteLoss {
-                step: self.step,
-                epoch,
-                loss,
-            })
-        }
     }
 }
 
