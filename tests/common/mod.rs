@@ -115,24 +115,31 @@ macro_rules! test_device {
 }
 
 /// A small, fast PRNG (SplitMix64) so test data is fresh each run yet
-/// reproducible: the seed is printed in every failure message.
+/// reproducible: each one prints its seed into the test's captured output,
+/// which libtest shows with every failure.
 pub struct Rng {
     state: u64,
     pub seed: u64,
 }
 
 impl Rng {
-    /// Seeded from `AETHER_TEST_SEED`, else from the clock.
+    /// Seeded from `AETHER_TEST_SEED` (a malformed value fails the test), else
+    /// from the clock.
     pub fn fresh() -> Self {
-        let seed = std::env::var("AETHER_TEST_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(0x5eed)
-            });
+        let seed = match std::env::var("AETHER_TEST_SEED") {
+            Ok(text) => text
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("AETHER_TEST_SEED={text:?} is not a u64 seed")),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0x5eed),
+        };
+        // Captured by libtest: shown only where the test fails.
+        eprintln!(
+            "[aether-test] random data from seed {seed} (AETHER_TEST_SEED={seed} replays it)"
+        );
         Self { state: seed, seed }
     }
 
