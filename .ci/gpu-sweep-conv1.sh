@@ -9,7 +9,6 @@
 # positions. About 2 minutes.
 bash .ci/gpu-sweep.sh 'coop16/conv1_b256/(forward|dweight)' <<'CONFIGS'
 rule
-f16x2x1x1 AETHER_COOP_BLOCK=forward=16x2x1x1x2
 f8x2x1x1 AETHER_COOP_BLOCK=forward=8x2x1x1x2
 f4x2x2x1 AETHER_COOP_BLOCK=forward=4x2x2x1x2
 f8x1x2x2 AETHER_COOP_BLOCK=forward=8x1x2x2x2

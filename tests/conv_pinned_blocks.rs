@@ -1,20 +1,22 @@
 //! The halo kernels' blocks that only the tuning overrides pick (the
 //! candidates of `.ci/gpu-sweep-*.sh`) against the f64 direct convolution, on
-//! the coop variants. Each block is pinned through its environment variable,
-//! so this binary holds a single test, which sets the variables in turn while
-//! no other thread reads the environment.
+//! the coop variants, and a malformed override as an error. Each block is
+//! pinned through its environment variable, so this binary holds a single
+//! test, which sets the variables in turn while no other thread reads the
+//! environment.
 //!
 //! Bound (norm-relative, f16 operands): 5e-3.
 
 mod common;
 
-use aether::Tensor;
+use aether::conv::coop::BLOCK_ENV;
 use aether::conv::dweight_halo::DWEIGHT_HALO_ENV;
 use aether::conv::halo::HALO_ENV;
 use aether::conv::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
     conv2d_dinput, conv2d_dweight, conv2d_forward,
 };
+use aether::{AetherError, Tensor};
 use common::conv_reference::{self as reference, norm_rel_error};
 use common::{Rng, report};
 
@@ -155,6 +157,33 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
         // SAFETY: as above.
         unsafe { std::env::remove_var(pin.var) };
         report(&format!("[aether-test] {}={}: ok", pin.var, pin.value));
+    }
+    // A GEMM block no parser accepts stops the conv with an error naming the
+    // variable, rather than quietly running the next variant.
+    let meta = ConvShapeMeta::new([1, 4, 4, 8], &ConvParams::new(8, 1, Padding::Same)).unwrap();
+    let mut tensor = |dims: &[usize]| {
+        let data = rng.vec(dims.iter().product());
+        Tensor::from_f32(dims.to_vec(), data, &device).unwrap()
+    };
+    let (x, w, b) = (
+        tensor(&[1, 4, 4, 8]),
+        tensor(&meta.weight_dims()),
+        tensor(&[8]),
+    );
+    // SAFETY: as above.
+    unsafe { std::env::set_var(BLOCK_ENV, "9x9x9x9x9") };
+    let result = conv2d_forward(
+        &x,
+        &w,
+        &b,
+        &ConvParams::new(8, 1, Padding::Same),
+        &ConvPlans::new(),
+    );
+    // SAFETY: as above.
+    unsafe { std::env::remove_var(BLOCK_ENV) };
+    match result {
+        Err(AetherError::InvalidEnv { var, .. }) => assert_eq!(var, BLOCK_ENV),
+        other => panic!("{BLOCK_ENV}=9x9x9x9x9: expected InvalidEnv, got {other:?}"),
     }
 }
 

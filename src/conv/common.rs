@@ -666,6 +666,9 @@ pub(crate) fn plan_first(
     for variant in plans.candidates(ctx.caps()) {
         let plan = match plan_variant(variant) {
             Ok(plan) => plan,
+            // A malformed tuning variable is the user's error, not a shape
+            // the variant declines.
+            Err(err @ AetherError::InvalidEnv { .. }) => return Err(err),
             Err(reason) => {
                 shape_declines.push(format!("{} declined: {reason}", variant.name()));
                 declined.push(format!("{} declined: {reason}", variant.name()));
