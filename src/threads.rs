@@ -19,6 +19,17 @@ use crate::{AetherError, Checkpoint, Device, Model, Tensor, TrainOptions};
 const fn send_sync<T: Send + Sync>() {}
 const fn send<T: Send>() {}
 
+/// Implemented twice for a `Sync` type, so naming `check` for one is an
+/// ambiguity error: `<T as NotSync<_>>::check` compiles only where T is not
+/// `Sync` (the trick of static_assertions' `assert_not_impl_any!`).
+trait NotSync<A> {
+    fn check() {}
+}
+impl<T: ?Sized> NotSync<()> for T {}
+impl<T: ?Sized + Sync> NotSync<u8> for T {}
+
+const _: fn() = <Model as NotSync<_>>::check;
+
 const _: () = {
     send_sync::<Device>();
     send_sync::<GpuContext>();

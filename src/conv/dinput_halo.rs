@@ -12,13 +12,15 @@ use std::sync::Arc;
 use super::common::{
     ConvKernel, ConvLaunchPlan, ConvParams, ConvShapeMeta, GEMM_RUN, GemmRuns, IM2COL, Padding, buf,
 };
+use crate::diagnostics::warn_once;
 use crate::error::Result;
 use crate::gpu::{GpuContext, PipelineKey, flat_grid};
 use crate::tensor::{DType, Shape, Tensor};
 
 /// Environment variable for comparison runs: `0` turns dinput's halo kernel
-/// off (the residue-class GEMM runs). Its blocks follow the forward's rule
-/// (and `AETHER_FORWARD_HALO`, which pins them).
+/// off (the residue-class GEMM runs); any other value warns once and keeps it.
+/// Its blocks follow the forward's rule (and `AETHER_FORWARD_HALO`, which pins
+/// them or, at `0`, turns this kernel off too).
 pub const DINPUT_HALO_ENV: &str = "AETHER_DINPUT_HALO";
 
 /// The transposed conv's kernel: the forward's halo core over dy's bindings.
@@ -82,8 +84,17 @@ pub(crate) fn with_dinput_halo(
     gemm: ConvLaunchPlan,
     meta: &ConvShapeMeta,
 ) -> ConvLaunchPlan {
-    if std::env::var(DINPUT_HALO_ENV).is_ok_and(|v| v == "0") {
-        return gemm;
+    match std::env::var(DINPUT_HALO_ENV) {
+        Ok(text) if text.trim() == "0" => return gemm,
+        Ok(text) => {
+            warn_once(
+                &format!("dinput-halo-env:{text}"),
+                &format!(
+                    "{DINPUT_HALO_ENV}={text:?} is not 0 (off): dinput's halo kernel stays on"
+                ),
+            );
+        }
+        Err(_) => {}
     }
     let Some(t) = transposed(meta) else {
         return gemm;
