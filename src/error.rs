@@ -57,6 +57,16 @@ pub enum AetherError {
         bytes: u64,
         limit: u64,
     },
+    /// A dispatch needs more workgroups along one dimension than the adapter
+    /// launches.
+    #[error(
+        "{what} needs {workgroups} workgroups along one dimension, more than the adapter's limit of {limit}"
+    )]
+    TooManyWorkgroups {
+        what: String,
+        workgroups: u64,
+        limit: u64,
+    },
     /// A kernel has no variant that compiled on this adapter.
     #[error("kernel {kernel}: no variant usable on adapter {adapter:?}: {reasons}")]
     NoKernelVariant {

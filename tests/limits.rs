@@ -255,7 +255,7 @@ fn grids_over_65535_workgroups_are_folded() {
 
 /// For the conv kernels' grids (owned by the conv work): a conv whose GEMM has
 /// more rows than 65535 tiles must either run correctly or be refused with
-/// naming the limit (`TooLarge`, or `NoKernelVariant` when every variant
+/// naming the limit (`TooManyWorkgroups`, or `NoKernelVariant` when every variant
 /// declines the grid), never truncated. CHECK AFTER MERGE with the folded conv grids:
 /// it should then take the `Ok` branch.
 #[test]
@@ -297,8 +297,12 @@ fn conv_with_a_huge_gemm_runs_or_is_refused() {
                 n * 1024
             );
         }
-        Err(AetherError::TooLarge { what, bytes, limit }) => report(&format!(
-            "[aether-test] conv with M = {} refused: {what} ({bytes} > {limit})",
+        Err(AetherError::TooManyWorkgroups {
+            what,
+            workgroups,
+            limit,
+        }) => report(&format!(
+            "[aether-test] conv with M = {} refused: {what} ({workgroups} > {limit})",
             n * 1024
         )),
         Err(AetherError::NoKernelVariant { reasons, .. }) if reasons.contains("limit") => {

@@ -807,9 +807,9 @@ impl ConvLaunchPlan {
         ];
         let limit = ctx.caps().limits.max_compute_workgroups_per_dimension as usize;
         if let Some(&too_many) = grid.iter().find(|&&g| g > limit) {
-            return Err(AetherError::TooLarge {
+            return Err(AetherError::TooManyWorkgroups {
                 what: format!("{direction:?} conv: grid {grid:?} of {tile_m}x{tile_n} blocks"),
-                bytes: too_many as u64,
+                workgroups: too_many as u64,
                 limit: limit as u64,
             });
         }

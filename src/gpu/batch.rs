@@ -100,9 +100,9 @@ impl GpuContext {
         self.check_faults(label)?;
         let limit = self.caps().limits.max_compute_workgroups_per_dimension;
         if let Some(&too_many) = workgroups.iter().find(|&&w| w > limit) {
-            return Err(AetherError::TooLarge {
+            return Err(AetherError::TooManyWorkgroups {
                 what: format!("{label} dispatch of {workgroups:?} workgroups"),
-                bytes: u64::from(too_many),
+                workgroups: u64::from(too_many),
                 limit: u64::from(limit),
             });
         }
