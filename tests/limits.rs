@@ -253,11 +253,11 @@ fn grids_over_65535_workgroups_are_folded() {
     );
 }
 
-/// For the conv kernels' grids (owned by the conv work): a conv whose GEMM has
-/// more rows than 65535 tiles must either run correctly or be refused with
-/// naming the limit (`TooManyWorkgroups`, or `NoKernelVariant` when every variant
-/// declines the grid), never truncated. CHECK AFTER MERGE with the folded conv grids:
-/// it should then take the `Ok` branch.
+/// A conv whose GEMM has more rows than 65535 tiles must either run correctly
+/// or be refused naming the limit (`TooManyWorkgroups`, or `NoKernelVariant`
+/// when every variant declines the grid), never truncated. The GEMM kernels do
+/// not fold their grids, so on lavapipe every variant declines this one (one
+/// input channel takes no halo kernel, whose workgroups take blocks in turn).
 #[test]
 fn conv_with_a_huge_gemm_runs_or_is_refused() {
     let Some(device) = common::gpu() else {
