@@ -4,6 +4,9 @@
 // and store_c. A 16x16 workgroup computes a 64x64 tile, 4x4 outputs a thread,
 // staging 16-deep slices of A and B through workgroup memory (f32 whatever the
 // operand type). Every load and store is predicated, so tiles may end anywhere.
+// A workgroup takes row tiles wid.x, wid.x + groups.x, ...: where the rows need
+// more workgroups than the adapter launches along x, the host launches the
+// limit and they take turns.
 
 const TILE: u32 = 64u;
 const TILE_K: u32 = 16u;
@@ -12,14 +15,24 @@ var<workgroup> tile_a: array<f32, 1024>; // [TILE_K][TILE]
 var<workgroup> tile_b: array<f32, 1024>; // [TILE_K][TILE]
 
 @compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+) {
     let z = wid.z;
-    let row0 = wid.x * TILE;
     let col0 = wid.y * TILE;
     let flat = lid.y * 16u + lid.x;
     let rows = gemm_rows(z);
     let cols = gemm_cols();
     let range = reduction_range(z);
+    for (var row0 = wid.x * TILE; row0 < rows; row0 += groups.x * TILE) {
+        tile_gemm(z, row0, col0, flat, lid, rows, cols, range);
+    }
+}
+
+// One 64x64 tile of C from row0, col0.
+fn tile_gemm(z: u32, row0: u32, col0: u32, flat: u32, lid: vec3<u32>, rows: u32, cols: u32, range: vec2<u32>) {
     var acc: array<f32, 16>;
     for (var k0 = range.x; k0 < range.y; k0 += TILE_K) {
         for (var i = 0u; i < 4u; i++) {

@@ -778,7 +778,8 @@ pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
 impl ConvLaunchPlan {
     /// The plan of `variant`'s GEMM over a `rows x cols` output with `z` slices
     /// (split-K 1), run by `kernel` on `meta`; an error (a decline) when the
-    /// grid exceeds the adapter's limit.
+    /// grid exceeds the adapter's limit of workgroups, except the portable
+    /// kernel's rows, whose workgroups take turns past it.
     pub(crate) fn gemm(
         direction: ConvDirection,
         ctx: &GpuContext,
@@ -800,12 +801,17 @@ impl ConvLaunchPlan {
             .map_or((PORTABLE_TILE, PORTABLE_TILE, PORTABLE_TILE_K), |b| {
                 b.dims()
             });
-        let grid = [
+        let limit = ctx.caps().limits.max_compute_workgroups_per_dimension as usize;
+        let mut grid = [
             rows.div_ceil(tile_m as usize),
             cols.div_ceil(tile_n as usize),
             z,
         ];
-        let limit = ctx.caps().limits.max_compute_workgroups_per_dimension as usize;
+        // The portable kernel's workgroups take turns over row tiles past the
+        // limit (portable_gemm.wgsl); the coop core's take one block each.
+        if coop.is_none() {
+            grid[0] = grid[0].min(limit);
+        }
         if let Some(&too_many) = grid.iter().find(|&&g| g > limit) {
             return Err(AetherError::TooManyWorkgroups {
                 what: format!("{direction:?} conv: grid {grid:?} of {tile_m}x{tile_n} blocks"),
