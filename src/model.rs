@@ -400,10 +400,18 @@ impl Model {
             )));
         }
         let n = x.len() / per;
-        if let Some(y) = labels
-            && y.len() != n
-        {
-            return Err(model_err(format!("{n} samples but {} labels", y.len())));
+        if let Some(y) = labels {
+            if y.len() != n {
+                return Err(model_err(format!("{n} samples but {} labels", y.len())));
+            }
+            // The GPU's loss kernels cannot report a label past the last class.
+            let classes: usize = self.output_shapes.last().map_or(0, |s| s.iter().product());
+            if let Some(i) = y.iter().position(|&label| label as usize >= classes) {
+                return Err(model_err(format!(
+                    "label {} of sample {i} is out of range for the model's {classes} classes",
+                    y[i]
+                )));
+            }
         }
         Ok(n)
     }
@@ -487,7 +495,11 @@ impl Model {
     }
 
     /// One optimizer step on a batch already on the model's device (for example
-    /// augmented there); returns the loss and the correct count unread.
+    /// augmented there); returns the loss and the correct count unread. Labels
+    /// on a GPU are not range-checked (that would read them back): a label
+    /// past the last class matches no class there, so its sample trains
+    /// toward label smoothing's uniform share alone. [`Model::train_batch`]
+    /// and [`Model::train`] refuse such a label.
     pub fn train_tensors(&mut self, x: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
         self.train_step(x, labels)
     }
@@ -588,6 +600,10 @@ impl Model {
     /// Trains on flat host data `x` (samples of the input shape) with class labels `y`.
     pub fn train(&mut self, x: &[f32], y: &[u32], options: &TrainOptions) -> Result<History> {
         let n = self.sample_count(x, Some(y))?;
+        // Checked before the first epoch, not after it.
+        if let Some((vx, vy)) = options.validation {
+            self.sample_count(vx, Some(vy))?;
+        }
         if options.batch_size == 0 || options.epochs == 0 {
             return Err(model_err("batch_size and epochs must be at least 1"));
         }

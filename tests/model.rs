@@ -354,6 +354,39 @@ fn configuration_errors_are_clear() {
 }
 
 test_device!(
+    labels_past_the_last_class_are_refused_before_any_step,
+    |device: &Device| {
+        let mut model = small_model(3);
+        model.to(device).unwrap();
+        let x = Rng::fresh().vec(4 * 12);
+        let (good, bad) = (vec![0, 1, 2, 0], vec![0, 1, 3, 0]);
+        let options = TrainOptions {
+            epochs: 1,
+            batch_size: 2,
+            progress: false,
+            ..TrainOptions::default()
+        };
+        let refused = |result: Result<(), AetherError>, what: &str| {
+            let err = result.expect_err(what).to_string();
+            assert!(err.contains("label 3 of sample 2"), "{what}: {err}");
+        };
+        refused(model.train(&x, &bad, &options).map(drop), "train");
+        refused(model.train_batch(&x, &bad).map(drop), "train_batch");
+        refused(model.evaluate(&x, &bad, 2).map(drop), "evaluate");
+        let validation = TrainOptions {
+            validation: Some((&x, &bad)),
+            ..options.clone()
+        };
+        refused(model.train(&x, &good, &validation).map(drop), "validation");
+        // Nothing trained: the first step from here matches a fresh model's.
+        let mut fresh = small_model(3);
+        fresh.to(device).unwrap();
+        let loss = |m: &mut Model| m.train_batch(&x, &good).unwrap().0.to_vec_f32().unwrap();
+        assert_eq!(loss(&mut model), loss(&mut fresh));
+    }
+);
+
+test_device!(
     non_finite_loss_stops_training_naming_the_step,
     |device: &Device| {
         let mut x = Rng::fresh().vec(4 * 8);
