@@ -355,6 +355,8 @@ impl Model {
     /// Moves every parameter and statistic to `device`.
     pub fn to(&mut self, device: &Device) -> Result<()> {
         for layer in &mut self.layers {
+            // The gradients went into the old optimizer's buffer, on the old device.
+            layer.set_grad_outputs(Vec::new());
             let moved: Vec<(&'static str, Tensor)> = layer
                 .state()
                 .into_iter()

@@ -353,6 +353,34 @@ fn configuration_errors_are_clear() {
     assert!(err.contains("layer 0"), "{err}");
 }
 
+// A model trained on the GPU, moved to the CPU and to a second GPU context
+// without coop kernels, trains on at each stop: its layers' gradient
+// destinations (the old optimizer's buffer) and conv launch plans (made for
+// the first context) do not follow it.
+test_device!(
+    a_trained_model_trains_on_after_moving_devices,
+    |device: &Device| {
+        let mut model = v1_on(device, 3);
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5);
+        let mut stops = vec![device.clone(), Device::Cpu];
+        if device.gpu_context().is_some() {
+            let options = aether::gpu::GpuOptions {
+                disable_coop: true,
+                ..common::test_gpu_options()
+            };
+            stops.push(Device::with_preference(DevicePreference::Gpu, &options).unwrap());
+        }
+        for stop in &stops {
+            model.to(stop).unwrap();
+            for _ in 0..2 {
+                let (loss, _) = model.train_batch(&x, &y).unwrap();
+                let loss = loss.to_vec_f32().unwrap()[0];
+                assert!(loss.is_finite(), "on {stop:?}: loss {loss}");
+            }
+        }
+    }
+);
+
 test_device!(
     labels_past_the_last_class_are_refused_before_any_step,
     |device: &Device| {

@@ -585,12 +585,13 @@ impl ConvKernel {
 /// A plan as [`ConvPlans::summary`] reports it: direction, shape, plan.
 pub type PlannedLaunch = (ConvDirection, ConvShapeMeta, ConvLaunchPlan);
 
-/// Launch plans of one layer, computed once per (direction, shape) and reused.
+/// Launch plans of one layer, computed once per (context, direction, shape)
+/// and reused.
 /// A forced variant pins every plan to it (for tests and comparison runs).
 #[derive(Default)]
 pub struct ConvPlans {
     forced: Option<ConvVariant>,
-    plans: Mutex<HashMap<(ConvDirection, ConvShapeMeta), ConvLaunchPlan>>,
+    plans: Mutex<HashMap<(u64, ConvDirection, ConvShapeMeta), ConvLaunchPlan>>,
 }
 
 impl ConvPlans {
@@ -614,14 +615,17 @@ impl ConvPlans {
         }
     }
 
-    /// The cached plan for `(direction, meta)`, or the one `plan` makes now.
+    /// The cached plan for `(direction, meta)` on `ctx`, or the one `plan`
+    /// makes now. Plans are kept per context: one made for another adapter
+    /// (or the same adapter with other options) may not compile here.
     pub(crate) fn get_or_plan(
         &self,
+        ctx: &GpuContext,
         direction: ConvDirection,
         meta: &ConvShapeMeta,
         plan: impl FnOnce() -> Result<ConvLaunchPlan>,
     ) -> Result<ConvLaunchPlan> {
-        let key = (direction, *meta);
+        let key = (ctx.id(), direction, *meta);
         if let Some(p) = self
             .plans
             .lock()
@@ -642,7 +646,7 @@ impl ConvPlans {
     /// for, for logs and profiles ("which kernel variants are in use").
     pub fn summary(&self) -> Vec<PlannedLaunch> {
         let plans = self.plans.lock().unwrap_or_else(|e| e.into_inner());
-        plans.iter().map(|((d, m), p)| (*d, *m, *p)).collect()
+        plans.iter().map(|((_, d, m), p)| (*d, *m, *p)).collect()
     }
 }
 

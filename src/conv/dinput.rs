@@ -85,7 +85,7 @@ fn plan(
     w: &Tensor,
     plans: &ConvPlans,
 ) -> Result<ConvLaunchPlan> {
-    plans.get_or_plan(ConvDirection::DInput, meta, || {
+    plans.get_or_plan(ctx, ConvDirection::DInput, meta, || {
         // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
         let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
         let classes = meta.stride_h * meta.stride_w;

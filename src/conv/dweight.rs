@@ -135,7 +135,7 @@ pub(crate) fn conv2d_dweight_into(
             false,
         ));
     };
-    let plan = plans.get_or_plan(ConvDirection::DWeight, &meta, || {
+    let plan = plans.get_or_plan(ctx, ConvDirection::DWeight, &meta, || {
         plan_first(ctx, plans, &KERNEL, &meta, &[], |variant| {
             accepts_operand(variant, x)?;
             accepts_operand(variant, dy)?;

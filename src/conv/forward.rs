@@ -63,7 +63,7 @@ pub fn conv2d_forward(
     // An f32 input is read as f32 and converted while staging: no cast dispatch.
     // Should that pipeline fail to compile (announced), the input is cast.
     let x_f32 = [x.dtype() == DType::F32];
-    let plan = plans.get_or_plan(ConvDirection::Forward, &meta, || {
+    let plan = plans.get_or_plan(ctx, ConvDirection::Forward, &meta, || {
         plan_first(ctx, plans, &KERNEL, &meta, &x_f32, |variant| {
             accepts_operand(variant, x)?;
             accepts_operand(variant, w)?;

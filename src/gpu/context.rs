@@ -1,6 +1,7 @@
 //! The GPU context: one adapter, its device and queue, its capabilities, the
 //! pipeline cache and the buffer pool.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,9 @@ use super::options::GpuOptions;
 use super::pipelines::PipelineCache;
 use super::pool::BufferPool;
 use crate::error::{AetherError, Result};
+
+/// The next [`GpuContext::id`].
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 
 /// How long [`GpuContext::wait_idle`] polls before it blocks in the driver.
 const WAIT_SPIN: Duration = Duration::from_millis(50);
@@ -26,6 +30,9 @@ pub struct GpuContext {
     batch: Mutex<Batch>,
     bind_groups: BindGroupCache,
     faults: Arc<Faults>,
+    /// Unique among the process's contexts: what a cache of anything made
+    /// for one context (conv launch plans) keys it by.
+    id: u64,
 }
 
 impl std::fmt::Debug for GpuContext {
@@ -117,7 +124,13 @@ impl GpuContext {
             batch: Mutex::default(),
             bind_groups: BindGroupCache::default(),
             faults,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }))
+    }
+
+    /// This context's id, unique in the process (never reused).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn caps(&self) -> &GpuCapabilities {

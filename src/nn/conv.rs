@@ -292,9 +292,9 @@ impl Layer for Conv2d {
     }
 
     fn set_grad_outputs(&mut self, outputs: Vec<Tensor>) {
-        if let Ok([dw, db]) = <[Tensor; 2]>::try_from(outputs) {
-            self.grad_outputs = Some((dw, db));
-        }
+        self.grad_outputs = <[Tensor; 2]>::try_from(outputs)
+            .ok()
+            .map(|[dw, db]| (dw, db));
     }
 
     fn set_param_shadows(&mut self, shadows: Vec<Tensor>) {

@@ -254,7 +254,9 @@ pub trait Layer: Send {
     /// Where later backward passes write this layer's parameter gradients, in
     /// the order of [`Layer::trainables`]: on the GPU, the layer's segments of
     /// the optimizer's packed gradient buffer, so the optimizer copies none.
-    /// Layers without parameters ignore it.
+    /// An empty list (the model moved to another device, whose optimizer
+    /// starts afresh): into new tensors again. Layers without parameters
+    /// ignore it.
     fn set_grad_outputs(&mut self, _outputs: Vec<Tensor>) {}
 
     /// The parameters as the optimizer's step left them, rounded to f16, in the

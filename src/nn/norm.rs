@@ -139,9 +139,9 @@ impl Layer for BatchNorm {
     }
 
     fn set_grad_outputs(&mut self, outputs: Vec<Tensor>) {
-        if let Ok([dgamma, dbeta]) = <[Tensor; 2]>::try_from(outputs) {
-            self.grad_outputs = Some((dgamma, dbeta));
-        }
+        self.grad_outputs = <[Tensor; 2]>::try_from(outputs)
+            .ok()
+            .map(|[dgamma, dbeta]| (dgamma, dbeta));
     }
 
     fn end_step(&mut self) {
