@@ -12,6 +12,15 @@ pub enum AetherError {
         value: String,
         expected: &'static str,
     },
+    /// A hyperparameter outside the range its formula allows (NaN included),
+    /// refused before it can train a model into NaNs or into a file that
+    /// cannot be loaded back.
+    #[error("{name} = {value} is not valid: expected {expected}")]
+    InvalidHyperparameter {
+        name: &'static str,
+        value: f32,
+        expected: &'static str,
+    },
     /// A GPU was demanded (explicitly or by `AETHER_DEVICE=gpu`) but none fits.
     #[error("no GPU adapter available{}", filter.as_ref().map(|f| format!(" matching AETHER_ADAPTER={f:?}")).unwrap_or_default())]
     NoAdapter { filter: Option<String> },

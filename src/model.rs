@@ -247,6 +247,9 @@ impl Model {
     /// Builds every layer for per-sample `input_shape` on the model's device.
     /// Shape errors name the layer by index.
     pub fn finalize(&mut self, input_shape: &[usize]) -> Result<()> {
+        if let Some(optimizer) = &self.optimizer {
+            optimizer.validate()?;
+        }
         if let (Some(Loss::SoftmaxCrossEntropy { .. }), Some(last)) =
             (self.loss, self.layers.last())
             && last.spec() == LayerSpec::Softmax

@@ -121,6 +121,52 @@ impl Adam {
         }
     }
 
+    /// `Ok` where every hyperparameter is in its range: a finite learning
+    /// rate and weight decay of at least 0, betas in [0, 1), a positive finite
+    /// epsilon. [`Adam::step`] checks it before it changes anything.
+    pub fn validate(&self) -> Result<()> {
+        let checks = [
+            (
+                "Adam learning_rate",
+                self.learning_rate,
+                "finite and >= 0",
+                self.learning_rate >= 0.0 && self.learning_rate.is_finite(),
+            ),
+            (
+                "Adam beta1",
+                self.beta1,
+                "in [0, 1)",
+                (0.0..1.0).contains(&self.beta1),
+            ),
+            (
+                "Adam beta2",
+                self.beta2,
+                "in [0, 1)",
+                (0.0..1.0).contains(&self.beta2),
+            ),
+            (
+                "Adam epsilon",
+                self.epsilon,
+                "finite and > 0",
+                self.epsilon > 0.0 && self.epsilon.is_finite(),
+            ),
+            (
+                "Adam weight_decay",
+                self.weight_decay,
+                "finite and >= 0",
+                self.weight_decay >= 0.0 && self.weight_decay.is_finite(),
+            ),
+        ];
+        match checks.into_iter().find(|check| !check.3) {
+            Some((name, value, expected, _)) => Err(AetherError::InvalidHyperparameter {
+                name,
+                value,
+                expected,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Steps taken so far.
     pub fn steps(&self) -> u32 {
         self.steps
@@ -151,6 +197,7 @@ impl Adam {
 
     /// Updates every parameter from its gradient; all must be f32 on one device.
     pub fn step(&mut self, params: &mut [Param]) -> Result<()> {
+        self.validate()?;
         let lengths: Vec<usize> = params.iter().map(|p| p.value.numel()).collect();
         for p in params.iter() {
             check_param(p)?;

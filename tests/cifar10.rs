@@ -352,6 +352,44 @@ fn smoke_args() -> Cifar10Args {
 }
 
 #[test]
+fn run_refuses_arguments_that_parse_would_refuse() {
+    let bad = [
+        (
+            Cifar10Args {
+                batch_size: 0,
+                ..smoke_args()
+            },
+            "batch_size is 0",
+        ),
+        (
+            Cifar10Args {
+                epochs: 0,
+                ..smoke_args()
+            },
+            "epochs is 0",
+        ),
+        (
+            Cifar10Args {
+                limit: Some(0),
+                ..smoke_args()
+            },
+            "limit is 0",
+        ),
+        (
+            Cifar10Args {
+                lr: f32::NAN,
+                ..smoke_args()
+            },
+            "lr = NaN",
+        ),
+    ];
+    for (args, needle) in bad {
+        let err = run(&args).expect_err(needle).to_string();
+        assert!(err.contains(needle), "{err}");
+    }
+}
+
+#[test]
 fn smoke_run_on_the_synthetic_default_saves_and_plots() {
     let dir = TempDir::new("smoke");
     let args = Cifar10Args {

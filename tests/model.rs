@@ -351,6 +351,44 @@ fn configuration_errors_are_clear() {
     model.add(aether::nn::Conv2d::new(4, (5, 5), Padding::Valid));
     let err = model.finalize(&[3, 3, 1]).unwrap_err().to_string();
     assert!(err.contains("layer 0"), "{err}");
+
+    // Hyperparameters out of range (NaN included) are refused at finalize,
+    // before they train NaNs or save a file whose JSON holds null.
+    for (momentum, epsilon, needle) in [
+        (f32::NAN, 1e-3, "BatchNorm momentum = NaN"),
+        (1.5, 1e-3, "BatchNorm momentum = 1.5"),
+        (0.9, 0.0, "BatchNorm epsilon = 0"),
+    ] {
+        let mut model = Model::new();
+        model.add(Flatten::default());
+        model.add(aether::nn::BatchNorm::new(momentum, epsilon));
+        let err = model.finalize(&[2, 2, 1]).unwrap_err().to_string();
+        assert!(err.contains("layer 1") && err.contains(needle), "{err}");
+    }
+    let mut no_momentum_decay = Adam::new(1e-3);
+    no_momentum_decay.beta1 = 1.0;
+    let adams = [
+        (Adam::new(f32::NAN), "Adam learning_rate = NaN"),
+        (Adam::new(-1e-3), "Adam learning_rate = -0.001"),
+        (no_momentum_decay, "Adam beta1 = 1"),
+        (Adam::adamw(1e-3, f32::INFINITY), "Adam weight_decay = inf"),
+    ];
+    for (adam, needle) in adams {
+        let mut model = small_model(3);
+        model.configure(
+            Loss::SoftmaxCrossEntropy {
+                label_smoothing: 0.0,
+            },
+            adam,
+            Metric::CategoricalAccuracy,
+        );
+        match model.finalize(&[2, 2, 3]) {
+            Err(err @ AetherError::InvalidHyperparameter { .. }) => {
+                assert!(err.to_string().contains(needle), "{err}")
+            }
+            other => panic!("{needle}: expected InvalidHyperparameter, got {other:?}"),
+        }
+    }
 }
 
 // A model trained on the GPU, moved to the CPU and to a second GPU context

@@ -405,6 +405,30 @@ const OPTIONS_WITH_VALUE: [&str; 10] = [
     "--plot",
 ];
 
+/// The checks `parse` makes, for arguments built in code: counts of at
+/// least 1 and a positive, finite learning rate.
+fn check_args(args: &Cifar10Args) -> Result<()> {
+    let counts = [
+        ("epochs", Some(args.epochs)),
+        ("batch_size", Some(args.batch_size)),
+        ("limit", args.limit),
+        ("test_limit", args.test_limit),
+    ];
+    if let Some((name, _)) = counts.iter().find(|(_, count)| *count == Some(0)) {
+        return Err(AetherError::Model(format!(
+            "Cifar10Args {name} is 0: it must be at least 1"
+        )));
+    }
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        return Err(AetherError::InvalidHyperparameter {
+            name: "Cifar10Args lr",
+            value: args.lr,
+            expected: "finite and > 0",
+        });
+    }
+    Ok(())
+}
+
 fn count_value(name: &str, value: &str) -> Result<usize, String> {
     value
         .parse::<usize>()
@@ -485,6 +509,7 @@ const AUGMENT_PAD: usize = 4;
 /// line per epoch, evaluates on the test set after every epoch, optionally
 /// saves and plots, and prints `test accuracy: 0.XXXX` as its last line.
 pub fn run(args: &Cifar10Args) -> Result<RunSummary> {
+    check_args(args)?;
     let device = match args.device {
         None => Device::best()?,
         Some(preference) => Device::with_preference(preference, &GpuOptions::from_env()?)?,

@@ -92,6 +92,21 @@ impl Layer for BatchNorm {
     }
 
     fn build(&mut self, input: &[usize], _seed: u64, device: &Device) -> Result<Vec<usize>> {
+        let (momentum, epsilon) = (self.momentum, self.epsilon);
+        if !(0.0..=1.0).contains(&momentum) {
+            return Err(AetherError::InvalidHyperparameter {
+                name: "BatchNorm momentum",
+                value: momentum,
+                expected: "in [0, 1]",
+            });
+        }
+        if !(epsilon > 0.0 && epsilon.is_finite()) {
+            return Err(AetherError::InvalidHyperparameter {
+                name: "BatchNorm epsilon",
+                value: epsilon,
+                expected: "finite and > 0",
+            });
+        }
         let c = *input.last().ok_or_else(|| AetherError::InvalidShape {
             op: "BatchNorm",
             shape: input.to_vec(),
