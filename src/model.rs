@@ -233,8 +233,13 @@ impl Model {
         self
     }
 
+    /// Appends a layer. After `finalize` this takes the model back to
+    /// unfinalized (training, prediction and `save` then ask for `finalize`,
+    /// which builds every layer afresh): the new layer has no weights yet.
     pub fn add(&mut self, layer: impl Layer + 'static) -> &mut Self {
         self.layers.push(Box::new(layer));
+        self.input_shape = None;
+        self.output_shapes.clear();
         self
     }
 

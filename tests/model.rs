@@ -352,6 +352,19 @@ fn configuration_errors_are_clear() {
     let err = model.finalize(&[3, 3, 1]).unwrap_err().to_string();
     assert!(err.contains("layer 0"), "{err}");
 
+    // A layer added after finalize has no weights: nothing saves or trains
+    // until finalize builds it.
+    let mut model = small_model(3);
+    model.add(Dense::new(2));
+    let path =
+        std::env::temp_dir().join(format!("aether-unbuilt-{}.safetensors", std::process::id()));
+    let err = model.save(&path).unwrap_err().to_string();
+    assert!(err.contains("finalize") && !path.exists(), "{err}");
+    let err = model.train_batch(&[0.5; 12], &[1]).unwrap_err().to_string();
+    assert!(err.contains("finalize"), "{err}");
+    model.finalize(&[2, 2, 3]).unwrap();
+    model.train_batch(&[0.5; 12], &[1]).unwrap();
+
     // Hyperparameters out of range (NaN included) are refused at finalize,
     // before they train NaNs or save a file whose JSON holds null.
     for (momentum, epsilon, needle) in [
