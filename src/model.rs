@@ -607,6 +607,38 @@ impl Model {
         self.layers.get(index).map(|l| l.spec())
     }
 
+    /// An error, before any step, where the epoch's last batch of `n`
+    /// samples in batches of `batch_size` would leave a BatchNorm layer one
+    /// value per channel (a dense one after a single sample), whose unbiased
+    /// variance is undefined: the step would fail at the end of the epoch.
+    fn check_last_batch(&self, n: usize, batch_size: usize) -> Result<()> {
+        let last = match n % batch_size {
+            0 => batch_size.min(n),
+            rest => rest,
+        };
+        let input = self.input_shape()?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            if !matches!(layer.spec(), LayerSpec::BatchNorm { .. }) {
+                continue;
+            }
+            let shape = if i == 0 {
+                input
+            } else {
+                &self.output_shapes[i - 1]
+            };
+            let per_sample: usize = shape[..shape.len().saturating_sub(1)].iter().product();
+            if last * per_sample < 2 {
+                return Err(model_err(format!(
+                    "{n} samples in batches of {batch_size} end in a batch of {last}, which gives \
+                     layer {i} (BatchNorm) {} value(s) per channel; it needs at least 2 \
+                     (choose another batch size, or drop the odd sample)",
+                    last * per_sample
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Trains on flat host data `x` (samples of the input shape) with class labels `y`.
     pub fn train(&mut self, x: &[f32], y: &[u32], options: &TrainOptions) -> Result<History> {
         let n = self.sample_count(x, Some(y))?;
@@ -617,6 +649,7 @@ impl Model {
         if options.batch_size == 0 || options.epochs == 0 {
             return Err(model_err("batch_size and epochs must be at least 1"));
         }
+        self.check_last_batch(n, options.batch_size)?;
         if options
             .checkpoint
             .as_ref()

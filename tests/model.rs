@@ -365,6 +365,37 @@ fn configuration_errors_are_clear() {
     model.finalize(&[2, 2, 3]).unwrap();
     model.train_batch(&[0.5; 12], &[1]).unwrap();
 
+    // A last batch of one sample gives a dense BatchNorm one value per
+    // channel: refused before the first step, not after the epoch's work.
+    let mut model = Model::new();
+    model.add(Flatten::default());
+    model.add(Dense::new(4));
+    model.add(aether::nn::BatchNorm::new(0.9, 1e-3));
+    model.add(Dense::new(3));
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.0,
+        },
+        Adam::new(1e-3),
+        Metric::CategoricalAccuracy,
+    );
+    model.finalize(&[2, 2, 1]).unwrap();
+    let options = TrainOptions {
+        batch_size: 2,
+        progress: false,
+        ..TrainOptions::default()
+    };
+    let x = Rng::fresh().vec(5 * 4);
+    let err = model
+        .train(&x, &[0, 1, 2, 0, 1], &options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("batch of 1") && err.contains("layer 2"),
+        "{err}"
+    );
+    model.train(&x[..16], &[0, 1, 2, 0], &options).unwrap();
+
     // Hyperparameters out of range (NaN included) are refused at finalize,
     // before they train NaNs or save a file whose JSON holds null.
     for (momentum, epsilon, needle) in [
