@@ -255,6 +255,17 @@ impl Model {
         if let Some(optimizer) = &self.optimizer {
             optimizer.validate()?;
         }
+        // Every layer's sizes follow from the input's: a sample's values must
+        // be countable (no overflow downstream) and indexable by the kernels.
+        let values = input_shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d).filter(|_| d > 0));
+        if input_shape.is_empty() || values.is_none_or(|v| v > u32::MAX as usize) {
+            return Err(model_err(format!(
+                "input shape {input_shape:?}: each sample needs 1 to {} values, every axis at least 1",
+                u32::MAX
+            )));
+        }
         if let (Some(Loss::SoftmaxCrossEntropy { .. }), Some(last)) =
             (self.loss, self.layers.last())
             && last.spec() == LayerSpec::Softmax

@@ -295,13 +295,32 @@ fn bad_model_files_give_typed_errors_naming_the_problem() {
             safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![4], &bias).unwrap(),
         ),
     ];
-    let meta = std::collections::HashMap::from([("aether_architecture".to_owned(), arch)]);
+    let meta = std::collections::HashMap::from([("aether_architecture".to_owned(), arch.clone())]);
     let wrong = dir.join("wrong-shape.aether");
     std::fs::write(&wrong, safetensors::serialize(views, Some(meta)).unwrap()).unwrap();
     expect_model_file_error(
         Model::load(&wrong, &Device::Cpu).map(|_| ()),
         "layers.1.kernel",
     );
+
+    // An input shape whose sample overflows the count of values, or has an
+    // empty axis: refused before any layer builds.
+    for input in ["[4294967296,4294967296,2]", "[2,0,3]"] {
+        let shape = arch.replace("[2,2,3]", input);
+        assert_ne!(
+            shape, arch,
+            "the architecture names its input shape as [2,2,3]"
+        );
+        let meta = std::collections::HashMap::from([("aether_architecture".to_owned(), shape)]);
+        let huge = dir.join("huge-input.aether");
+        let no_tensors = Vec::<(String, safetensors::tensor::TensorView)>::new();
+        std::fs::write(
+            &huge,
+            safetensors::serialize(no_tensors, Some(meta)).unwrap(),
+        )
+        .unwrap();
+        expect_model_file_error(Model::load(&huge, &Device::Cpu).map(|_| ()), "input shape");
+    }
 
     let plain = dir.join("plain.safetensors");
     std::fs::write(
