@@ -206,6 +206,13 @@ impl Adam {
             return Ok(());
         };
         let device = first.value.device();
+        if let Some(other) = params.iter().find(|p| !p.value.device().same_as(&device)) {
+            return Err(AetherError::DeviceMismatch {
+                op: "Adam::step (all parameters on one device)",
+                a: device.name(),
+                b: other.value.device().name(),
+            });
+        }
         match &self.moments {
             Some(m) if m.lengths != lengths => {
                 return Err(AetherError::ShapeMismatch {

@@ -4,7 +4,7 @@
 mod common;
 
 use aether::optim::{Adam, Param, regularization_loss};
-use aether::{Device, Tensor};
+use aether::{AetherError, Device, Tensor};
 use common::Rng;
 
 const BOUND: f64 = 1e-5;
@@ -241,6 +241,35 @@ fn plain_params<'a>(values: &'a mut [Tensor], grads: &'a [Tensor]) -> Vec<Param<
             decays: true,
         })
         .collect()
+}
+
+/// Parameters on two devices are an error naming both, whichever comes first,
+/// and leave every parameter as it was.
+#[test]
+fn parameters_on_two_devices_are_an_error() {
+    let Some(gpu) = common::gpu() else {
+        return;
+    };
+    let mut rng = Rng::fresh();
+    for order in [[&gpu, &Device::Cpu], [&Device::Cpu, &gpu]] {
+        let grads: Vec<Tensor> = order
+            .iter()
+            .map(|d| Tensor::from_f32(vec![4], rng.vec(4), d).unwrap())
+            .collect();
+        let start: Vec<Vec<f32>> = (0..2).map(|_| rng.vec(4)).collect();
+        let mut values: Vec<Tensor> = order
+            .iter()
+            .zip(&start)
+            .map(|(d, v)| Tensor::from_f32(vec![4], v.clone(), d).unwrap())
+            .collect();
+        let err = Adam::new(1e-3)
+            .step(&mut plain_params(&mut values, &grads))
+            .unwrap_err();
+        assert!(matches!(err, AetherError::DeviceMismatch { .. }), "{err}");
+        for (value, start) in values.iter().zip(&start) {
+            assert_eq!(&value.to_vec_f32().unwrap(), start);
+        }
+    }
 }
 
 /// The whole step is one kernel, on a private context so other tests' dispatches
