@@ -675,6 +675,14 @@ test_device!(bad_inputs_are_typed_errors, |device: &Device| {
     assert!(err.to_string().contains("U32"), "{err}");
     let err = avg_pool2d_backward(&y, [1, 0, 4, 3], &p).unwrap_err();
     assert!(is_invalid(&err, "avg_pool2d_backward"), "{err}");
+    // Sizes past the kernels' index range, which overflowed the geometry's
+    // arithmetic or were cut to u32 (a stride of 2^32 became 0).
+    let huge = 1usize << 32;
+    let wide_stride = PoolParams::new(2, huge, Padding::Valid);
+    let err = avg_pool2d_backward(&y, dims, &wide_stride).unwrap_err();
+    assert!(err.to_string().contains("2^31"), "{err}");
+    let err = avg_pool2d_backward(&y, [huge, huge, huge, 3], &p).unwrap_err();
+    assert!(is_invalid(&err, "avg_pool2d_backward"), "{err}");
     let err = global_avg_pool_backward(&wrong_dy, dims).unwrap_err();
     assert!(
         err.to_string().contains("global_avg_pool_backward"),

@@ -150,6 +150,18 @@ impl PoolGeometry {
                 right,
             } => (top, bottom, left, right),
         };
+        // Every size within the kernels' i32 index range before any
+        // arithmetic: no sum or product below can overflow, and none is cut
+        // short on its way to the GPU's u32 parameters.
+        let sizes = [n, h, w, c, filter_h, filter_w, stride_h, stride_w];
+        let pads = [pad_top, pad_bottom, pad_left, pad_right];
+        if sizes.iter().chain(&pads).any(|&v| v > MAX_ELEMENTS) {
+            return Err(invalid(format!(
+                "filter {:?}, stride {:?}, padding {:?} or a size exceeds the 2^31 range of \
+                 the kernels' indices",
+                p.filter, p.stride, p.padding
+            )));
+        }
         let padded_h = h + pad_top + pad_bottom;
         let padded_w = w + pad_left + pad_right;
         if padded_h < filter_h || padded_w < filter_w {
@@ -187,7 +199,12 @@ impl PoolGeometry {
             h_out,
             w_out,
         };
-        if geometry.input_len() > MAX_ELEMENTS || geometry.output_len() > MAX_ELEMENTS {
+        let within = |dims: [usize; 4]| {
+            dims.iter()
+                .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+                .is_some_and(|len| len <= MAX_ELEMENTS)
+        };
+        if !within(geometry.input_dims()) || !within(geometry.output_dims()) {
             return Err(invalid(format!(
                 "input or output ({:?}) exceeds the 2^31 element range of the kernels' indices",
                 geometry.output_dims()
