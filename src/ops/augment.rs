@@ -29,7 +29,9 @@ fn draw(n: u32, pad: u32, seed: u64, step: u32) -> (u32, u32, bool) {
 pub fn random_crop_flip(x: &Tensor, pad: usize, seed: u64, step: u32) -> Result<Tensor> {
     x.expect_dtype("random_crop_flip", DType::F32)?;
     let [n, h, w, c] = x.shape().nhwc("random_crop_flip")?;
-    if pad >= h.max(w) * 4 || x.numel() > u32::MAX as usize / 2 {
+    // 2 pad + 1 offsets are drawn in u32.
+    let pad_fits = pad < h.max(w) * 4 && pad <= (u32::MAX as usize - 1) / 2;
+    if !pad_fits || x.numel() > u32::MAX as usize / 2 {
         return Err(AetherError::InvalidShape {
             op: "random_crop_flip",
             shape: x.dims().to_vec(),
