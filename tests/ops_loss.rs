@@ -448,10 +448,17 @@ test_device!(
                     logits[row * classes + 1] = logits[row * classes];
                 }
                 let mut labels = random_labels(&mut rng, rows, classes);
-                // Right answers too, so the count is neither 0 nor all rows.
+                // Right answers too, and one sure wrong one, so the count is
+                // neither 0 nor all rows (random labels alone were all right
+                // in about 1 of 81 runs of 7 rows of 3).
+                let argmax = |row: usize| {
+                    first_argmax(&widen(&logits[row * classes..(row + 1) * classes])) as u32
+                };
                 for row in (0..rows).step_by(3) {
-                    labels[row] =
-                        first_argmax(&widen(&logits[row * classes..(row + 1) * classes])) as u32;
+                    labels[row] = argmax(row);
+                }
+                if rows >= 3 {
+                    labels[1] = (argmax(1) + 1) % classes as u32;
                 }
                 if device.gpu_context().is_some() && rows > 1 {
                     labels[rows / 2] = classes as u32;
