@@ -148,24 +148,60 @@ fn flagged(flags: &[bool]) -> Vec<usize> {
     (0..flags.len()).filter(|&i| flags[i]).collect()
 }
 
-/// The error naming the first of `losses` (each with the step that made it)
-/// that is not finite, or `None`. Training reads a loss back on logging steps
-/// only, so a divergence seen there is traced back to the step it began at.
-pub(crate) fn first_non_finite<'a>(
-    losses: impl IntoIterator<Item = (u64, &'a Tensor)>,
+/// An epoch's losses and correct counts, still on the device, each with the
+/// step that made it. Training reads a loss back on logging steps only, so a
+/// divergence seen there is traced back to the step it began at.
+pub(crate) struct PendingLosses {
     epoch: usize,
-) -> Result<Option<AetherError>> {
-    for (step, loss) in losses {
-        let value = loss.to_vec_f32()?[0];
-        if !value.is_finite() {
-            return Ok(Some(AetherError::NonFiniteLoss {
-                step,
-                epoch,
-                loss: value,
-            }));
+    steps: Vec<(u64, Tensor, Tensor)>,
+}
+
+impl PendingLosses {
+    pub(crate) fn new(epoch: usize, steps: usize) -> Self {
+        Self {
+            epoch,
+            steps: Vec::with_capacity(steps),
         }
     }
-    Ok(None)
+
+    /// Records step `step`'s loss and correct count, unread.
+    pub(crate) fn push(&mut self, step: u64, loss: Tensor, correct: Tensor) {
+        self.steps.push((step, loss, correct));
+    }
+
+    /// Step `step`'s loss (not yet pushed), read back on a logging step; where
+    /// it is not finite, the error naming the first step whose loss was not.
+    pub(crate) fn logged(&self, step: u64, loss: &Tensor) -> Result<f32> {
+        let value = loss.to_vec_f32()?[0];
+        if value.is_finite() {
+            return Ok(value);
+        }
+        self.totals()?;
+        Err(self.non_finite(step, value))
+    }
+
+    /// The sums of every recorded loss and correct count, in step order; the
+    /// error naming the first step whose loss is not finite.
+    pub(crate) fn totals(&self) -> Result<(f64, u64)> {
+        let (mut loss_sum, mut correct_sum) = (0.0f64, 0u64);
+        for (step, loss, correct) in &self.steps {
+            let value = loss.to_vec_f32()?[0];
+            if !value.is_finite() {
+                return Err(self.non_finite(*step, value));
+            }
+            loss_sum += f64::from(value);
+            correct_sum += u64::from(correct.to_vec_u32()?[0]);
+        }
+        Ok((loss_sum, correct_sum))
+    }
+
+    fn non_finite(&self, step: u64, loss: f32) -> AetherError {
+        AetherError::NonFiniteLoss {
+            step,
+            epoch: self.epoch,
+            loss,
+        }
+    }
 }
 
 fn model_err(message: impl Into<String>) -> AetherError {
@@ -683,24 +719,14 @@ impl Model {
             let bar = options
                 .progress
                 .then(|| progress_bar(epoch, options.epochs, steps));
-            let mut pending = Vec::with_capacity(steps);
+            let mut pending = PendingLosses::new(epoch, steps);
             for (s, chunk) in order.chunks(options.batch_size).enumerate() {
                 let xb = self.batch_tensor(x, chunk)?;
                 let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
                 let yb = Tensor::from_u32(vec![chunk.len()], labels, &self.device)?;
                 let (loss, correct) = self.train_step(&xb, &yb)?;
                 if (s + 1) % options.log_every.max(1) == 0 || s + 1 == steps {
-                    let value = loss.to_vec_f32()?[0];
-                    if !value.is_finite() {
-                        let earlier = pending.iter().map(|(step, loss, _)| (*step, loss));
-                        return Err(first_non_finite(earlier, epoch)?.unwrap_or(
-                            AetherError::NonFiniteLoss {
-                                step: self.step,
-                                epoch,
-                                loss: value,
-                            },
-                        ));
-                    }
+                    let value = pending.logged(self.step, &loss)?;
                     if let Some(bar) = &bar {
                         let rate = (s + 1) as f64 / start.elapsed().as_secs_f64();
                         let accuracy = f64::from(correct.to_vec_u32()?[0]) / chunk.len() as f64;
@@ -712,28 +738,16 @@ impl Model {
                 if let Some(bar) = &bar {
                     bar.inc(1);
                 }
-                pending.push((self.step, loss, correct));
+                pending.push(self.step, loss, correct);
             }
-            let (mut loss_sum, mut correct_sum) = (0.0f64, 0u64);
-            for (step, loss, correct) in &pending {
-                let value = loss.to_vec_f32()?[0];
-                if !value.is_finite() {
-                    return Err(AetherError::NonFiniteLoss {
-                        step: *step,
-                        epoch,
-                        loss: value,
-                    });
-                }
-                loss_sum += f64::from(value);
-                correct_sum += u64::from(correct.to_vec_u32()?[0]);
-            }
+            let (loss_sum, correct_sum) = pending.totals()?;
             let reg = self.regularization_loss()?.unwrap_or(0.0);
             let validation = match options.validation {
                 Some((vx, vy)) => Some(self.evaluate(vx, vy, options.batch_size)?),
                 None => None,
             };
             let stats = EpochStats {
-                loss: (loss_sum / pending.len() as f64) as f32 + reg,
+                loss: (loss_sum / steps as f64) as f32 + reg,
                 accuracy: correct_sum as f32 / n as f32,
                 validation,
                 seconds: start.elapsed().as_secs_f64(),

@@ -18,7 +18,7 @@ use crate::conv::ConvVariant;
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::gpu::{DevicePreference, GpuOptions};
-use crate::model::{Loss, Metric, first_non_finite};
+use crate::model::{Loss, Metric, PendingLosses};
 use crate::ops::augment::random_crop_flip;
 use crate::optim::Adam;
 use crate::tensor::Tensor;
@@ -697,7 +697,7 @@ impl Trainer<'_> {
         let order = permutation(n, epoch_seed);
         let bar = progress_bar(epoch, self.args.epochs, steps);
         let start = Instant::now();
-        let mut pending = Vec::with_capacity(steps);
+        let mut pending = PendingLosses::new(epoch, steps);
         let mut batch = Vec::with_capacity(batch_size * IMAGE_VALUES);
         for (s, chunk) in order.chunks(batch_size).enumerate() {
             batch.clear();
@@ -719,36 +719,14 @@ impl Trainer<'_> {
             let (loss, correct) = self.model.train_tensors(&xb, &yb)?;
             self.step += 1;
             if (s + 1) % LOG_EVERY == 0 || s + 1 == steps {
-                let value = loss.to_vec_f32()?[0];
-                if !value.is_finite() {
-                    let earlier = pending.iter().map(|(step, loss, _)| (*step, loss));
-                    return Err(first_non_finite(earlier, epoch)?.unwrap_or(
-                        AetherError::NonFiniteLoss {
-                            step: self.step,
-                            epoch,
-                            loss: value,
-                        },
-                    ));
-                }
+                let value = pending.logged(self.step, &loss)?;
                 let rate = (s + 1) as f64 / start.elapsed().as_secs_f64();
                 bar.set_message(format!("loss {value:.4}  {rate:.1} steps/s"));
             }
             bar.inc(1);
-            pending.push((self.step, loss, correct));
+            pending.push(self.step, loss, correct);
         }
-        let (mut loss_sum, mut correct_sum) = (0.0f64, 0u64);
-        for (step, loss, correct) in &pending {
-            let value = loss.to_vec_f32()?[0];
-            if !value.is_finite() {
-                return Err(AetherError::NonFiniteLoss {
-                    step: *step,
-                    epoch,
-                    loss: value,
-                });
-            }
-            loss_sum += f64::from(value);
-            correct_sum += u64::from(correct.to_vec_u32()?[0]);
-        }
+        let (loss_sum, correct_sum) = pending.totals()?;
         let train_seconds = start.elapsed().as_secs_f64();
         bar.finish_and_clear();
         let (test_loss, test_accuracy) = self.model.evaluate(test_x, test_y, batch_size)?;
