@@ -208,18 +208,10 @@ fn cases(turns_images: usize) -> Vec<Case> {
         Case {
             name: "3x5 explicit, 2 wide, narrow halo kernels (forward, dweight)",
             input: [1, 16, 2, 32],
-            params: p(
-                64,
-                (3, 5),
-                (1, 1),
-                Padding::Explicit {
-                    top: 2,
-                    bottom: 0,
-                    left: 1,
-                    right: 3,
-                },
-                (1, 1),
-            ),
+            params: ConvParams {
+                c_out: 64,
+                ..explicit_3x5
+            },
         },
         // Channel counts divisible by 8 switch the coop core to run loads.
         Case {

@@ -391,14 +391,7 @@ fn configuration_errors_are_clear() {
     model.add(Dense::new(4));
     model.add(aether::nn::BatchNorm::new(0.9, 1e-3));
     model.add(Dense::new(3));
-    model.configure(
-        Loss::SoftmaxCrossEntropy {
-            label_smoothing: 0.0,
-        },
-        Adam::new(1e-3),
-        Metric::CategoricalAccuracy,
-    );
-    model.finalize(&[2, 2, 1]).unwrap();
+    let mut model = common::ready_model(model, &Device::Cpu, &[2, 2, 1]);
     let options = TrainOptions {
         batch_size: 2,
         progress: false,
