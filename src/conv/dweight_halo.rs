@@ -64,6 +64,12 @@ fn parse_block(text: &str) -> Option<BlockSize> {
     }
 }
 
+/// Chunks of `channel_tiles` tiles of input by output channels at `tile`.
+fn channel_chunks(tile: u32, channel_tiles: [u32; 2], meta: &ConvShapeMeta) -> usize {
+    let [chunk_in, chunk_out] = channel_tiles.map(|tiles| (tiles * tile) as usize);
+    (meta.c_in / chunk_in) * (meta.c_out / chunk_out)
+}
+
 /// One workgroup's share: a slice of the blocks of `rows x cols` output
 /// positions, for one chunk of `channel_tiles` tiles of input by output
 /// channels, with one subgroup per filter tap and one for dbias.
@@ -101,7 +107,7 @@ impl DWeightHalo {
         }
         let taps = (meta.r * meta.s) as u32;
         runs_subgroups(caps, taps + 1)?;
-        let chunks = (meta.c_in / chunk_in) * (meta.c_out / chunk_out);
+        let chunks = channel_chunks(tile, channel_tiles, meta);
         let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
         let units = caps.estimated_compute_units() as usize;
         let per_unit = pinned_split_per_unit().unwrap_or(2) as usize;
@@ -130,11 +136,6 @@ impl DWeightHalo {
         (copies * h * w * pixel + positions * position + self.tile as usize) * 2
     }
 
-    /// Input by output channels of a workgroup's chunk.
-    fn chunk(&self) -> [usize; 2] {
-        self.channel_tiles.map(|tiles| (tiles * self.tile) as usize)
-    }
-
     /// Rows of each slice's partial sums: the `K` rows of dW, then `C_in`
     /// rows for the dbias subgroups (a tile of rows per input-channel tile).
     pub fn partial_rows(meta: &ConvShapeMeta) -> usize {
@@ -143,12 +144,8 @@ impl DWeightHalo {
 
     /// Workgroups: slices of the blocks, chunks of channels.
     pub fn grid(&self, meta: &ConvShapeMeta) -> [u32; 3] {
-        let [chunk_in, chunk_out] = self.chunk();
-        [
-            self.slices,
-            ((meta.c_in / chunk_in) * (meta.c_out / chunk_out)) as u32,
-            1,
-        ]
+        let chunks = channel_chunks(self.tile, self.channel_tiles, meta);
+        [self.slices, chunks as u32, 1]
     }
 
     /// The constants dweight_halo.wgsl expects.
