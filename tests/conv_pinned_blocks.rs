@@ -35,57 +35,28 @@ struct Pin {
 }
 
 fn pins() -> Vec<Pin> {
-    let narrow = [3, 16, 4, 64];
     let wide = [2, 8, 16, 64];
     vec![
-        // dweight: each tap's subgroup owning 1 x 2, 4 x 4 and 2 x 1 tiles of
-        // input by output channels, and 32-position blocks.
+        // dweight's 32-position blocks.
         Pin {
             var: DWEIGHT_HALO_ENV,
-            value: "64x1x2",
+            value: "32",
             input: wide,
             c_out: 64,
             direction: ConvDirection::DWeight,
-            ran: |p| p.dweight_halo.is_some_and(|b| b.channel_tiles == [1, 2]),
+            ran: |p| p.dweight_halo.is_some_and(|b| b.rows * b.cols == 32),
         },
-        Pin {
-            var: DWEIGHT_HALO_ENV,
-            value: "64x4x4",
-            input: wide,
-            c_out: 64,
-            direction: ConvDirection::DWeight,
-            ran: |p| p.dweight_halo.is_some_and(|b| b.channel_tiles == [4, 4]),
-        },
-        Pin {
-            var: DWEIGHT_HALO_ENV,
-            value: "32x2x1",
-            input: narrow,
-            c_out: 64,
-            direction: ConvDirection::DWeight,
-            ran: |p| {
-                p.dweight_halo
-                    .is_some_and(|b| b.channel_tiles == [2, 1] && b.rows * b.cols == 32)
-            },
-        },
-        // The forward's narrow blocks of the narrow sweep: 8 channel tiles
-        // over 2 columns of subgroups, 16 channels a stage; all 9 taps a step.
-        Pin {
-            var: HALO_ENV,
-            value: "64x8x3x4x2x16",
-            input: narrow,
-            c_out: 128,
-            direction: ConvDirection::Forward,
-            ran: |p| p.halo.is_some_and(|b| b.cols < b.tile && b.halo[0] == 16),
-        },
+        // The forward with all 9 taps a step, 16 input channels a stage and 4
+        // channel tiles over 2 columns of subgroups.
         Pin {
             var: HALO_ENV,
             value: "64x4x9x4x2x16",
-            input: narrow,
+            input: wide,
             c_out: 64,
             direction: ConvDirection::Forward,
             ran: |p| {
                 p.halo
-                    .is_some_and(|b| b.cols < b.tile && b.taps_per_step == 9)
+                    .is_some_and(|b| b.taps_per_step == 9 && b.halo[0] == 16)
             },
         },
     ]

@@ -2,45 +2,40 @@
 // (forward_halo.wgsl) applied to the weight gradient. For a block of output
 // positions, dW[(r, s), ci, co] += sum over the positions p of
 // x[p + (r, s), ci] * dy[p, co]: the A tile (T input channels x T positions
-// along output rows) is T consecutive staged pixels read column-major, one
+// along one output row) is T consecutive halo pixels read column-major, one
 // pixel stride apart, and the B tile is T positions of the staged dy block.
 // Each input value is fetched once per block instead of once per tap.
 //
 // Workgroup (z, y): slice z of the blocks of output positions (blocks z,
 // z + SLICES, ...; SLICES = the grid's x) and channel chunk y: input channels
-// ci0 .. ci0 + CBI by output channels co0 .. co0 + CBO (TI and TO tiles). One
-// subgroup per filter tap owns that tap's TI x TO tiles; subgroup R * S
+// ci0 .. ci0 + CB by output channels co0 .. co0 + CB (CB = 2 tiles). One
+// subgroup per filter tap owns that tap's 2 x 2 tiles; subgroup R * S
 // multiplies a tile of ones by dy, so every row of its tiles is a dbias sum.
-// Per block: stage the halo (BH + R - 1) x (BW + S - 1) pixels of CBI channels
-// (S shifted copies of (BH + R - 1) x BW where whole rows are narrower than a
-// tile, halo_pixels.wgsl) and the BH * BW x CBO dy block, barrier, multiply,
-// barrier; the next block's halo and dy are fetched into registers while this
-// one multiplies. Partial
+// Per block: stage the halo (BH + R - 1) x (BW + S - 1) pixels of CB channels
+// and the BH * BW x CB dy block, barrier, multiply, barrier; the next block's
+// halo and dy are fetched into registers while this one multiplies. Partial
 // sums go to [z][K + BIAS_ROWS][C_OUT]: rows of dW as the GEMM core writes
-// them, then the dbias subgroups' tiles, TI tiles of rows per input-channel
+// them, then the dbias subgroups' tiles, 2 tiles of rows per input-channel
 // chunk (every matrix store is unconditional: naga wants them in uniform
 // control flow), of which dweight_reduce.wgsl reads row K.
 //
-// Written in by the host (src/conv/dweight_halo.rs): T, SUBGROUP, TI, TO, BH,
-// BW, COPIES, HALO_H, HALO_W, TAPS (= R * S), BIAS_ROWS, and the pieces marked
-// `// generated:`.
+// Written in by the host (src/conv/halo.rs): T, SUBGROUP, BH, BW, HALO_H,
+// HALO_W, TAPS (= R * S), BIAS_ROWS, and the pieces marked `// generated:`.
 
-const CBI: u32 = TI * T;
-const CBO: u32 = TO * T;
+const CB: u32 = 2u * T;
 const THREADS: u32 = (TAPS + 1u) * SUBGROUP;
 // Pixel and position strides in vec4<f16>: the chunk's channels plus 8 halves.
-const LDP: u32 = CBI / 4u + 2u;
-const LDQ: u32 = CBO / 4u + 2u;
-const HALO_RUNS: u32 = HALO_PIXELS * (CBI / 8u);
-const DY_RUNS: u32 = BH * BW * (CBO / 8u);
+const LDP: u32 = CB / 4u + 2u;
+const HALO_RUNS: u32 = HALO_H * HALO_W * (CB / 8u);
+const DY_RUNS: u32 = BH * BW * (CB / 8u);
 // After the halo: T halves of ones, the dbias subgroup's A tile (stride 0).
-const ONES: u32 = HALO_PIXELS * LDP;
+const ONES: u32 = HALO_H * HALO_W * LDP;
 
 const HALO_SLOTS: u32 = (HALO_RUNS + THREADS - 1u) / THREADS;
 const DY_SLOTS: u32 = (DY_RUNS + THREADS - 1u) / THREADS;
 
 var<workgroup> halo: array<vec4<f16>, ONES + T / 4u>;
-var<workgroup> dys: array<vec4<f16>, BH * BW * LDQ>;
+var<workgroup> dys: array<vec4<f16>, BH * BW * LDP>;
 
 // A block's operands on their way from global to workgroup memory.
 struct BlockRuns {
@@ -49,7 +44,7 @@ struct BlockRuns {
 }
 
 // Reads this thread's runs of block `block` (image-major, then block rows)
-// from global memory: staged pixel g / (CBI / 8) and dy position g / (CBO / 8),
+// from global memory: halo pixel g / (CB / 8) and dy position g / (CB / 8),
 // channels 8 at a time.
 fn fetch_block(regs: ptr<function, BlockRuns>, block: u32, ci0: u32, co0: u32, lidx: u32) {
     let blocks_w = W_OUT / BW;
@@ -61,20 +56,20 @@ fn fetch_block(regs: ptr<function, BlockRuns>, block: u32, ci0: u32, co0: u32, l
     let iw0 = i32(ow0) - i32(PAD_LEFT);
     for (var s = 0u; s < HALO_SLOTS; s++) {
         let g = lidx + s * THREADS;
-        let at = vec2<i32>(halo_source(g / (CBI / 8u)));
+        let pixel = g / (CB / 8u);
         var run = Run();
         if (g < HALO_RUNS) {
-            run = x_pixel_run(n, ih0 + at.x, iw0 + at.y, ci0 + (g % (CBI / 8u)) * 8u);
+            run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), ci0 + (g % (CB / 8u)) * 8u);
         }
         (*regs).halo[s] = run;
     }
     for (var s = 0u; s < DY_SLOTS; s++) {
         let g = lidx + s * THREADS;
-        let p = g / (CBO / 8u);
+        let p = g / (CB / 8u);
         var run = Run();
         if (g < DY_RUNS) {
             let position = (n * H_OUT + oh0 + p / BW) * W_OUT + ow0 + p % BW;
-            run = dy_run(i32(position * C_OUT + co0 + (g % (CBO / 8u)) * 8u));
+            run = dy_run(i32(position * C_OUT + co0 + (g % (CB / 8u)) * 8u));
         }
         (*regs).dy[s] = run;
     }
@@ -84,7 +79,7 @@ fn stage_block(regs: ptr<function, BlockRuns>, lidx: u32) {
     for (var s = 0u; s < HALO_SLOTS; s++) {
         let g = lidx + s * THREADS;
         if (g < HALO_RUNS) {
-            let slot = (g / (CBI / 8u)) * LDP + (g % (CBI / 8u)) * 2u;
+            let slot = (g / (CB / 8u)) * LDP + (g % (CB / 8u)) * 2u;
             halo[slot] = (*regs).halo[s][0];
             halo[slot + 1u] = (*regs).halo[s][1];
         }
@@ -92,7 +87,7 @@ fn stage_block(regs: ptr<function, BlockRuns>, lidx: u32) {
     for (var s = 0u; s < DY_SLOTS; s++) {
         let g = lidx + s * THREADS;
         if (g < DY_RUNS) {
-            let slot = (g / (CBO / 8u)) * LDQ + (g % (CBO / 8u)) * 2u;
+            let slot = (g / (CB / 8u)) * LDP + (g % (CB / 8u)) * 2u;
             dys[slot] = (*regs).dy[s][0];
             dys[slot + 1u] = (*regs).dy[s][1];
         }
@@ -108,9 +103,9 @@ fn main(
 ) {
     let z = wid.x;
     let slices = groups.x;
-    let chunks_in = C_IN / CBI;
-    let ci0 = (wid.y % chunks_in) * CBI;
-    let co0 = (wid.y / chunks_in) * CBO;
+    let chunks_in = C_IN / CB;
+    let ci0 = (wid.y % chunks_in) * CB;
+    let co0 = (wid.y / chunks_in) * CB;
     let blocks = params.n * (H_OUT / BH) * (W_OUT / BW);
     // The tap this subgroup owns; the last subgroup (TAPS) does dbias with ones.
     let is_bias = sg == TAPS;
@@ -137,13 +132,13 @@ fn main(
             fetch_block(&regs, next, ci0, co0, lidx);
         }
         for (var p0 = 0u; p0 < BH * BW; p0 += T) {
-            // T positions from block row p0 / BW, column p0 % BW.
-            let a_at = select(halo_pixel(p0 / BW, p0 % BW, r, s) * LDP, ONES, is_bias);
-            // generated: TI loads of A (halo, or ones for dbias), TO of B, TI*TO multiply-adds
+            // T positions along block row p0 / BW, from column p0 % BW.
+            let a_at = select(((p0 / BW + r) * HALO_W + p0 % BW + s) * LDP, ONES, is_bias);
+            // generated: 2 loads of A (halo, or ones for dbias), 2 of B, 4 multiply-adds
         }
     }
     // The tap's rows of dW, or this chunk's dbias rows.
-    let row0 = select(tap * C_IN + ci0, R * S * C_IN + ci0, is_bias);
+    let row0 = select(tap * C_IN + ci0, R * S * C_IN + (wid.y % chunks_in) * CB, is_bias);
     let out = (z * (R * S * C_IN + BIAS_ROWS) + row0) * C_OUT + co0;
-    // generated: stores of the TI x TO tiles
+    // generated: stores of the 2 x 2 tiles
 }

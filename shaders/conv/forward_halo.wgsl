@@ -10,17 +10,13 @@
 //
 // A block is BH x BW output positions by BN output channels: whole T-wide
 // runs of one image's rows, or, where the width is no multiple of T, whole
-// rows of TILES_W tiles, the last overlapping the one before it, or, where
-// the width is under T and divides it, whole rows, T / BW of them a tile
-// (TILES_W = 1). A workgroup
+// rows of TILES_W tiles, the last overlapping the one before it. A workgroup
 // takes blocks wid.x, wid.x + groups.x, ... in turn (the host launches about
 // 2 per compute unit where it knows their count, else one per block), so the
 // next block's first halo loads while the last step of the one before
 // multiplies, and its accumulators go out between the two. Per block and
 // chunk of HALO_C input channels it stages the halo, (BH + R - 1) x
-// (BW + S - 1) pixels of the chunk's channels (zeros in the padding; S shifted
-// copies of (BH + R - 1) x BW where whole rows are narrower than a tile,
-// halo_pixels.wgsl); then per
+// (BW + S - 1) pixels of the chunk's channels (zeros in the padding); then per
 // step of TPS filter taps the TPS * HALO_C x BN slice of the weights ("taps").
 // SG_M x SG_N subgroups each own PT position tiles by CT channel tiles; the
 // accumulators start from the bias (from zero in dinput's transposed conv,
@@ -33,8 +29,8 @@
 // MMAs, as in the GEMM core.
 //
 // Written in by the host (src/conv/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
-// BH, BW, TILES_W, TPS, the staged sizes HALO_C (a divisor of C_IN), COPIES,
-// HALO_H, HALO_W and TAP_ROWS (= TPS * HALO_C), and the pieces marked `// generated:`
+// BH, BW, TILES_W, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H,
+// HALO_W and TAP_ROWS (= TPS * HALO_C), and the pieces marked `// generated:`
 // (declaring, multiplying and storing the PT x CT accumulators, which WGSL
 // cannot hold in an indexable array). The operand readers `x_run` / `w_run`
 // come from the conv kernel (src/conv/common.rs), reading x as f16 or,
@@ -46,24 +42,24 @@ const THREADS: u32 = SG_M * SG_N * SUBGROUP;
 // strides in: the channels plus 8 halves of padding.
 const LDP: u32 = HALO_C / 4u + 2u;
 const LDW: u32 = BN / 4u + 2u;
-const HALO_RUNS: u32 = HALO_PIXELS * (HALO_C / 8u);
+const HALO_RUNS: u32 = HALO_H * HALO_W * (HALO_C / 8u);
 const TAP_RUNS: u32 = TAP_ROWS * (BN / 8u);
 
 const HALO_SLOTS: u32 = (HALO_RUNS + THREADS - 1u) / THREADS;
 const TAP_SLOTS: u32 = (TAP_RUNS + THREADS - 1u) / THREADS;
 
-var<workgroup> halo: array<vec4<f16>, HALO_PIXELS * LDP>;
+var<workgroup> halo: array<vec4<f16>, HALO_H * HALO_W * LDP>;
 var<workgroup> taps: array<vec4<f16>, TAP_ROWS * LDW>;
 
 // Reads this thread's runs of the halo of input channels cc.. from global
-// memory: staged pixel g / (HALO_C / 8), channels 8 at a time.
+// memory: pixel g / (HALO_C / 8) of the halo, channels 8 at a time.
 fn fetch_halo(regs: ptr<function, array<Run, HALO_SLOTS>>, n: u32, ih0: i32, iw0: i32, cc: u32, lidx: u32) {
     for (var s = 0u; s < HALO_SLOTS; s++) {
         let g = lidx + s * THREADS;
-        let at = vec2<i32>(halo_source(g / (HALO_C / 8u)));
+        let pixel = g / (HALO_C / 8u);
         var run = Run();
         if (g < HALO_RUNS) {
-            run = x_pixel_run(n, ih0 + at.x, iw0 + at.y, cc + (g % (HALO_C / 8u)) * 8u);
+            run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), cc + (g % (HALO_C / 8u)) * 8u);
         }
         (*regs)[s] = run;
     }

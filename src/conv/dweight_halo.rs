@@ -7,44 +7,35 @@
 use super::common::ConvShapeMeta;
 use super::coop::{const_lines, fill_template, multiply_adds};
 use super::dweight::pinned_split_per_unit;
-use super::halo::{
-    HALO_PIXELS, block_fields, fits_memory, runs_subgroups, staged_halo, whole_blocks,
-};
+use super::halo::{fits_memory, runs_subgroups, whole_blocks};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
 /// Environment variable for tuning: `0` turns dweight's halo kernel off (the
-/// GEMM core runs); `POSITIONS[xIN_TILESxOUT_TILES]` (e.g. `64x2x4`) pins the
-/// output positions of its blocks and the tiles of input and output channels
-/// each tap's subgroup owns (default 2 x 2).
+/// GEMM core runs), a number pins the output positions of its blocks.
 pub const DWEIGHT_HALO_ENV: &str = "AETHER_DWEIGHT_HALO";
 
-/// Output positions per block and tiles of input and output channels per
-/// tap. Measured on the H200 (docs/perf-notes.md, entry 54): 64 positions
-/// made the v1 model's 32->32, 32->64 and 64->64 dweights 50%, 24% and 10%
-/// faster than the GEMM core; 32, 128 and 256 less so.
-const RULE_BLOCK: BlockSize = (64, [2, 2]);
+/// Output positions per block. Measured on the H200 (docs/perf-notes.md,
+/// entry 54): 64 made the v1 model's 32->32, 32->64 and 64->64 dweights
+/// 50%, 24% and 10% faster than the GEMM core; 32, 128 and 256 less so.
+const BLOCK_POSITIONS: usize = 64;
 /// Workgroup memory a block may take (64-position blocks take 14-16 KiB).
 const RULE_BYTES: usize = 32 * 1024;
 
-/// A block's output positions and each tap's tiles of input and output
-/// channels.
-type BlockSize = (usize, [u32; 2]);
-
-/// The block size: the tuning override, or the rule.
-fn block_size() -> std::result::Result<BlockSize, String> {
+/// The output positions per block: the tuning override, or the rule.
+fn block_positions() -> std::result::Result<usize, String> {
     let Ok(text) = std::env::var(DWEIGHT_HALO_ENV) else {
-        return Ok(RULE_BLOCK);
+        return Ok(BLOCK_POSITIONS);
     };
-    match parse_block(&text) {
-        Some(size) => Ok(size),
-        None if text.trim() == "0" => Err(format!("{DWEIGHT_HALO_ENV}=0")),
-        None => {
+    match text.trim().parse::<usize>() {
+        Ok(positions) if positions > 0 => Ok(positions),
+        Ok(_) => Err(format!("{DWEIGHT_HALO_ENV}=0")),
+        Err(_) => {
             warn_once(
                 &format!("dweight-halo-env:{text}"),
                 &format!(
-                    "{DWEIGHT_HALO_ENV}={text:?} is neither 0 nor POSITIONS[xIN_TILESxOUT_TILES] \
-                     (e.g. 64x2x4, 1 to 4 tiles each): dweight's halo kernel is off"
+                    "{DWEIGHT_HALO_ENV}={text:?} is neither 0 nor a number of positions: \
+                     dweight's halo kernel is off"
                 ),
             );
             Err(format!("{DWEIGHT_HALO_ENV}={text}"))
@@ -52,37 +43,23 @@ fn block_size() -> std::result::Result<BlockSize, String> {
     }
 }
 
-/// The block `text` pins (`POSITIONS[xIN_TILESxOUT_TILES]`, positions
-/// positive, 1 to 4 tiles each), or `None`.
-fn parse_block(text: &str) -> Option<BlockSize> {
-    match block_fields(text)?[..] {
-        [positions] => Some((positions as usize, RULE_BLOCK.1)),
-        [positions, tiles_in, tiles_out] if tiles_in <= 4 && tiles_out <= 4 => {
-            Some((positions as usize, [tiles_in, tiles_out]))
-        }
-        _ => None,
-    }
-}
-
-/// Chunks of `channel_tiles` tiles of input by output channels at `tile`.
-fn channel_chunks(tile: u32, channel_tiles: [u32; 2], meta: &ConvShapeMeta) -> usize {
-    let [chunk_in, chunk_out] = channel_tiles.map(|tiles| (tiles * tile) as usize);
-    (meta.c_in / chunk_in) * (meta.c_out / chunk_out)
+/// Chunks of 2 tiles of input by 2 tiles of output channels at `tile`.
+fn channel_chunks(tile: u32, meta: &ConvShapeMeta) -> usize {
+    let chunk = 2 * tile as usize;
+    (meta.c_in / chunk) * (meta.c_out / chunk)
 }
 
 /// One workgroup's share: a slice of the blocks of `rows x cols` output
-/// positions, for one chunk of `channel_tiles` tiles of input by output
+/// positions, for one chunk of 2 tiles of input by 2 tiles of output
 /// channels, with one subgroup per filter tap and one for dbias.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DWeightHalo {
     pub tile: u32,
     pub rows: u32,
     pub cols: u32,
-    /// Tiles of input and of output channels each tap's subgroup owns.
-    pub channel_tiles: [u32; 2],
-    /// Filter taps `R * S`, and the staged halo's copies, rows and columns.
+    /// Filter taps `R * S`, and halo rows and columns (`rows + R - 1`, `cols + S - 1`).
     pub taps: u32,
-    pub halo: [u32; 3],
+    pub halo: [u32; 2],
     /// Slices of the blocks (the grid's x): the split-K of the GEMM core.
     pub slices: u32,
 }
@@ -96,18 +73,20 @@ impl DWeightHalo {
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
     ) -> std::result::Result<Self, String> {
-        let (positions, channel_tiles) = block_size()?;
+        let positions = block_positions()?;
+        let t = tile as usize;
         let (rows, cols) = whole_blocks(tile, meta, positions)?;
-        let [chunk_in, chunk_out] = channel_tiles.map(|tiles| (tiles * tile) as usize);
-        if !meta.c_in.is_multiple_of(chunk_in) || !meta.c_out.is_multiple_of(chunk_out) {
+        if !meta.c_in.is_multiple_of(2 * t) || !meta.c_out.is_multiple_of(2 * t) {
             return Err(format!(
-                "channels {} -> {} are not whole chunks of {chunk_in} -> {chunk_out}",
-                meta.c_in, meta.c_out,
+                "channels {} -> {} are not whole chunks of {}",
+                meta.c_in,
+                meta.c_out,
+                2 * t
             ));
         }
         let taps = (meta.r * meta.s) as u32;
         runs_subgroups(caps, taps + 1)?;
-        let chunks = channel_chunks(tile, channel_tiles, meta);
+        let chunks = channel_chunks(tile, meta);
         let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
         let units = caps.estimated_compute_units() as usize;
         let per_unit = pinned_split_per_unit().unwrap_or(2) as usize;
@@ -116,49 +95,41 @@ impl DWeightHalo {
             tile,
             rows: rows as u32,
             cols: cols as u32,
-            channel_tiles,
             taps,
-            halo: staged_halo(tile, meta, rows, cols),
+            halo: [rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             slices: slices as u32,
         };
         fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, DWEIGHT_HALO_ENV)?;
         Ok(block)
     }
 
-    /// The halo and the dy block (their chunks' channels plus 8 halves a
+    /// The halo and the dy block (2 tiles of channels plus 8 halves a
     /// pixel) and the dbias subgroup's ones.
     pub fn workgroup_bytes(&self) -> usize {
-        let [pixel, position] = self
-            .channel_tiles
-            .map(|tiles| (tiles * self.tile) as usize + 8);
-        let [copies, h, w] = self.halo.map(|v| v as usize);
-        let positions = (self.rows * self.cols) as usize;
-        (copies * h * w * pixel + positions * position + self.tile as usize) * 2
+        let pixel = 2 * self.tile as usize + 8;
+        let [h, w] = self.halo.map(|v| v as usize);
+        (h * w * pixel + (self.rows * self.cols) as usize * pixel + self.tile as usize) * 2
     }
 
     /// Rows of each slice's partial sums: the `K` rows of dW, then `C_in`
-    /// rows for the dbias subgroups (a tile of rows per input-channel tile).
+    /// rows for the dbias subgroups (2 tiles per input-channel chunk).
     pub fn partial_rows(meta: &ConvShapeMeta) -> usize {
         meta.k + meta.c_in
     }
 
     /// Workgroups: slices of the blocks, chunks of channels.
     pub fn grid(&self, meta: &ConvShapeMeta) -> [u32; 3] {
-        let chunks = channel_chunks(self.tile, self.channel_tiles, meta);
-        [self.slices, chunks as u32, 1]
+        [self.slices, channel_chunks(self.tile, meta) as u32, 1]
     }
 
     /// The constants dweight_halo.wgsl expects.
-    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 11] {
-        let [copies, halo_h, halo_w] = self.halo;
+    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 8] {
+        let [halo_h, halo_w] = self.halo;
         [
             ("T", self.tile),
             ("SUBGROUP", subgroup),
-            ("TI", self.channel_tiles[0]),
-            ("TO", self.channel_tiles[1]),
             ("BH", self.rows),
             ("BW", self.cols),
-            ("COPIES", copies),
             ("HALO_H", halo_h),
             ("HALO_W", halo_w),
             ("TAPS", self.taps),
@@ -170,41 +141,40 @@ impl DWeightHalo {
     /// pieces filled in.
     pub fn core_source(&self, template: &str, subgroup: u32, meta: &ConvShapeMeta) -> String {
         let mat = format!("coop_mat{t}x{t}", t = self.tile);
-        let [ti, to] = self.channel_tiles;
-        let tiles = || (0..ti).flat_map(|i| (0..to).map(move |j| (i, j)));
+        let tiles = [(0, 0), (0, 1), (1, 0), (1, 1)];
         let mut decls = String::new();
         let mut step = String::new();
         let mut stores = String::new();
-        for (i, j) in tiles() {
+        for (i, j) in tiles {
             decls += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
             stores += &format!(
                 "    coopStoreT(acc_{i}_{j}, &partial[out + {i}u * T * C_OUT + {j}u * T], C_OUT);\n"
             );
         }
-        for i in 0..ti {
-            // The ones are T halves: the dbias subgroup reads them for every tile.
+        for i in 0..2 {
+            // The ones are T halves: the dbias subgroup reads them for both tiles.
             step += &format!(
                 "            let a_{i} = coopLoad<{mat}<f16, A>>(&halo[a_at + select({i}u * T / 4u, 0u, is_bias)], a_stride);\n"
             );
         }
-        for j in 0..to {
+        for j in 0..2 {
             step += &format!(
-                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&dys[p0 * LDQ + {j}u * T / 4u], LDQ);\n"
+                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&dys[p0 * LDP + {j}u * T / 4u], LDP);\n"
             );
         }
-        step += &multiply_adds(tiles(), "            ");
+        step += &multiply_adds(tiles.into_iter(), "            ");
         fill_template(
             template,
             const_lines(&self.constants(subgroup, meta)),
             &[
                 ("accumulators acc_i_j", decls),
                 (
-                    "TI loads of A (halo, or ones for dbias), TO of B, TI*TO multiply-adds",
+                    "2 loads of A (halo, or ones for dbias), 2 of B, 4 multiply-adds",
                     step,
                 ),
-                ("stores of the TI x TO tiles", stores),
+                ("stores of the 2 x 2 tiles", stores),
             ],
-        ) + HALO_PIXELS
+        )
     }
 }
 
@@ -221,35 +191,20 @@ mod tests {
 
     #[test]
     fn every_generated_piece_is_filled_in() {
-        let m = meta([2, 8, 32, 32], 64);
+        let m = meta([2, 8, 32, 32], 32);
         let block = DWeightHalo {
             tile: 16,
             rows: 4,
             cols: 32,
-            channel_tiles: [2, 4],
             taps: 9,
-            halo: [1, 6, 34],
+            halo: [6, 34],
             slices: 4,
         };
         let src = block.core_source(TEMPLATE, 32, &m);
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
         assert!(!src.lines().any(marker), "a marker was left unreplaced");
-        assert!(src.contains("acc_1_3 = coopMultiplyAdd(a_1, b_3, acc_1_3);"));
-        assert!(!src.contains("acc_2_0") && !src.contains("a_2"));
-        assert!(src.contains("const TO: u32 = 4u;"));
+        assert!(src.contains("acc_1_1 = coopMultiplyAdd(a_1, b_1, acc_1_1);"));
         assert!(src.contains("const BIAS_ROWS: u32 = 32u;"));
-        // 6 x 34 pixels of 32 + 8 halves, 128 positions of 64 + 8.
-        assert_eq!(block.workgroup_bytes(), (6 * 34 * 40 + 128 * 72 + 16) * 2);
-        assert_eq!(block.grid(&m), [4, 1, 1]);
-    }
-
-    #[test]
-    fn a_pinned_block_takes_positions_and_optionally_both_tile_counts() {
-        assert_eq!(parse_block("64"), Some((64, [2, 2])));
-        assert_eq!(parse_block("32x1x4"), Some((32, [1, 4])));
-        for bad in ["0", "64x2", "64x0x2", "64x5x1", "64x2x2x2", "x"] {
-            assert_eq!(parse_block(bad), None, "{bad}");
-        }
     }
 
     #[test]
@@ -270,18 +225,9 @@ mod tests {
         let conv4 = meta([256, 16, 16, 64], 64);
         let block = DWeightHalo::fit(16, &conv4, &caps).unwrap();
         assert_eq!(block.grid(&conv4), [66, 4, 1]);
-        // 64 -> 128 at 8 x 8, narrower than a tile: a whole image a block,
-        // 3 copies of its 10 x 8 halo pixels.
-        let conv5 = meta([256, 8, 8, 64], 128);
-        let block = DWeightHalo::fit(16, &conv5, &caps).unwrap();
-        assert_eq!((block.rows, block.cols, block.halo), (8, 8, [3, 10, 8]));
-        assert_eq!(
-            block.workgroup_bytes(),
-            (3 * 10 * 8 * 40 + 64 * 40 + 16) * 2
-        );
-        assert_eq!(block.grid(&conv5), [33, 8, 1]);
-        // 3 input channels are no chunk.
+        // 3 input channels are no chunk; 8 x 8 outputs no whole blocks.
         assert!(DWeightHalo::fit(16, &meta([256, 32, 32, 3], 32), &caps).is_err());
+        assert!(DWeightHalo::fit(16, &meta([256, 8, 8, 64], 128), &caps).is_err());
         // A 1x1 conv shares no taps (the 4096^3 GEMM of the conv bench).
         let pointwise = ConvParams::new(4096, 1, Padding::Same);
         let pointwise = ConvShapeMeta::new([1, 64, 64, 4096], &pointwise).unwrap();

@@ -8,10 +8,6 @@ use super::coop::{const_lines, fill_template, multiply_adds};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
-/// Where the halo kernels stage a pixel and where a tile reads it, appended to
-/// both kernels' source.
-pub(crate) const HALO_PIXELS: &str = include_str!("../../shaders/conv/halo_pixels.wgsl");
-
 /// Environment variable for tuning: `0` turns the halo kernel off (the GEMM
 /// core runs), `POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS[xCOLUMNS[xCHUNK]]` (e.g.
 /// `256x4x3x16`) pins its block: output positions, output-channel tiles,
@@ -47,12 +43,6 @@ pub const GROUPS_PER_UNIT: u32 = 2;
 /// faster than 128 x 2 on the v1 32 -> 32 conv), 128 x 2 over 8 x 1 for
 /// adapters with less workgroup memory.
 const RULE_BLOCKS: [(usize, u32, u32, u32); 3] = [(256, 4, 16, 2), (256, 2, 16, 2), (128, 2, 8, 1)];
-/// The block the rule tries for outputs narrower than a tile (staged as
-/// [`narrow_rows`] says): a whole 8 x 8 image at tile 16, 4 tiles of positions
-/// by 4 of channels over 2 x 2 subgroups of 2 x 2 tiles, as the first rule
-/// block's subgroups. Not yet measured against the GEMM core (docs/perf-notes.md,
-/// entry 78).
-const NARROW_RULE_BLOCKS: [(usize, u32, u32, u32); 1] = [(64, 4, 4, 2)];
 /// Input channels a block stages at a time where the input has more.
 const CHANNEL_CHUNK: usize = 32;
 /// Filter taps one step stages, where the filter has that many; else one
@@ -69,22 +59,12 @@ const RULE_BYTES: usize = 42 * 1024;
 /// the rule's).
 type BlockSize = (usize, u32, u32, u32, u32, Option<usize>);
 
-/// The block sizes to try for a filter of `taps` taps in rows of `row`, for
-/// outputs at least a tile wide or `narrow`er: the tuning override, or the
-/// rule's, in order.
-fn block_sizes(
-    taps: usize,
-    row: usize,
-    narrow: bool,
-) -> std::result::Result<Vec<BlockSize>, String> {
+/// The block sizes to try for a filter of `taps` taps in rows of `row`: the
+/// tuning override, or the rule's, in order.
+fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, String> {
     let Ok(text) = std::env::var(HALO_ENV) else {
         let step = if taps.is_multiple_of(TAPS) { TAPS } else { row } as u32;
-        let rule: &[_] = if narrow {
-            &NARROW_RULE_BLOCKS
-        } else {
-            &RULE_BLOCKS
-        };
-        return Ok(rule
+        return Ok(RULE_BLOCKS
             .iter()
             .map(|&(positions, tiles, subgroups, columns)| {
                 (positions, tiles, step, subgroups, columns, None)
@@ -108,18 +88,14 @@ fn block_sizes(
     }
 }
 
-/// The positive numbers of a pinned block, `x` between them (`256x4x3x16`),
-/// or `None` where any field is not one.
-pub(crate) fn block_fields(text: &str) -> Option<Vec<u32>> {
-    text.split('x')
-        .map(|v| v.trim().parse().ok().filter(|&v| v > 0))
-        .collect()
-}
-
 /// The block `text` pins (`POSITIONSxCHANNEL_TILESxTAPSxSUBGROUPS[xCOLUMNS[xCHUNK]]`,
 /// every field positive, 1 to 8 channel tiles), or `None`.
 fn parse_block(text: &str) -> Option<BlockSize> {
-    match block_fields(text)?[..] {
+    let fields: Vec<u32> = text
+        .split('x')
+        .map(|v| v.trim().parse().ok().filter(|&v| v > 0))
+        .collect::<Option<_>>()?;
+    match fields[..] {
         [positions, tiles, step, subgroups, ref rest @ ..]
             if (1..=8).contains(&tiles) && rest.len() <= 2 =>
         {
@@ -179,50 +155,6 @@ fn shares_taps(meta: &ConvShapeMeta) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The rows of a block of whole output rows narrower than `tile` (whose
-/// width divides it): the most that divide the output's height, take at most
-/// `positions` and make whole tiles, a multiple of `row_subgroups` of them.
-/// A tile then covers `tile / w_out` output rows, and the halo kernels stage
-/// the halo once per filter column, shifted by it, so that a tile's pixels are
-/// consecutive (shaders/conv/halo_pixels.wgsl).
-fn narrow_rows(
-    tile: u32,
-    meta: &ConvShapeMeta,
-    positions: usize,
-    row_subgroups: usize,
-) -> std::result::Result<usize, String> {
-    let t = tile as usize;
-    if !t.is_multiple_of(meta.w_out) {
-        return Err(format!("output {} wide, under a tile of {t}", meta.w_out));
-    }
-    (1..=meta.h_out)
-        .rev()
-        .find(|&rows| {
-            let block = rows * meta.w_out;
-            meta.h_out.is_multiple_of(rows)
-                && block <= positions
-                && block.is_multiple_of(t * row_subgroups)
-        })
-        .ok_or_else(|| {
-            format!(
-                "output {}x{} in no blocks of whole rows of {positions} positions",
-                meta.h_out, meta.w_out
-            )
-        })
-}
-
-/// The staged halo of a block of `rows x cols` outputs at `tile`: copies,
-/// rows and columns. One `rows + R - 1` x `cols + S - 1` halo, or, for blocks
-/// narrower than a tile, `S` copies of `rows + R - 1` x `cols`.
-pub(crate) fn staged_halo(tile: u32, meta: &ConvShapeMeta, rows: usize, cols: usize) -> [u32; 3] {
-    let halo_rows = (rows + meta.r - 1) as u32;
-    if cols < tile as usize {
-        [meta.s as u32, halo_rows, cols as u32]
-    } else {
-        [1, halo_rows, (cols + meta.s - 1) as u32]
-    }
-}
-
 /// The `(rows, cols)` of the forward's block of at most
 /// `positions` output positions at `tile`, its tiles split evenly over
 /// `row_subgroups`. Where the output's width is a multiple of the tile, the
@@ -243,10 +175,7 @@ fn forward_blocks(
     }
     shares_taps(meta)?;
     if meta.w_out < t {
-        return Ok((
-            narrow_rows(tile, meta, positions, row_subgroups)?,
-            meta.w_out,
-        ));
+        return Err(format!("output {} wide, under a tile", meta.w_out));
     }
     let tiles_w = meta.w_out.div_ceil(t);
     let rows = (1..=meta.h_out).rev().find(|&rows| {
@@ -265,9 +194,8 @@ fn forward_blocks(
 
 /// The `(rows, cols)` of a halo kernel's block of about `positions` output
 /// positions at `tile`: runs of 2 tiles along a row where the output's width
-/// allows, else of 1, else whole rows narrower than a tile ([`narrow_rows`]);
-/// or why the shape takes no halo kernel (stride or dilation, a 1x1 filter,
-/// or no whole blocks).
+/// allows, else of 1; or why the shape takes no halo kernel (stride or
+/// dilation, a 1x1 filter, or no whole blocks).
 pub(crate) fn whole_blocks(
     tile: u32,
     meta: &ConvShapeMeta,
@@ -275,9 +203,6 @@ pub(crate) fn whole_blocks(
 ) -> std::result::Result<(usize, usize), String> {
     let t = tile as usize;
     shares_taps(meta)?;
-    if meta.w_out < t {
-        return Ok((narrow_rows(tile, meta, positions, 1)?, meta.w_out));
-    }
     let cols = if meta.w_out.is_multiple_of(2 * t) {
         2 * t
     } else {
@@ -349,10 +274,9 @@ pub struct HaloBlock {
     pub subgroups: [u32; 2],
     /// Filter taps one step stages (a divisor of R * S).
     pub taps_per_step: u32,
-    /// Input channels staged at a time (a divisor of C_in), and the staged
-    /// halo's copies, rows and columns (S copies where the block is narrower
-    /// than a tile, else one).
-    pub halo: [u32; 4],
+    /// Input channels staged at a time (a divisor of C_in), and halo rows and
+    /// columns: `rows + R - 1`, `cols + S - 1`.
+    pub halo: [u32; 3],
     /// Rows of one step's taps: `taps_per_step` times the staged channels.
     pub tap_rows: u32,
     /// Workgroups launched, fewest and most, where there are blocks for them
@@ -369,8 +293,7 @@ impl HaloBlock {
         caps: &GpuCapabilities,
     ) -> std::result::Result<Self, String> {
         let mut declined = Vec::new();
-        let narrow = meta.w_out < tile as usize;
-        for size in block_sizes(meta.r * meta.s, meta.s, narrow)? {
+        for size in block_sizes(meta.r * meta.s, meta.s)? {
             match Self::fit_size(tile, meta, caps, size) {
                 Ok(block) => return Ok(block),
                 Err(why) => declined.push(why),
@@ -422,18 +345,12 @@ impl HaloBlock {
         if !chunk.is_multiple_of(t) || !meta.c_in.is_multiple_of(chunk) {
             return Err(format!("{chunk} input channels a stage of {}", meta.c_in));
         }
-        // Narrow blocks are whole tiles; wider ones' rows end in a tile.
-        let tiles = if cols < t {
-            rows * cols / t
-        } else {
-            rows * cols.div_ceil(t)
-        };
+        let tiles = rows * cols.div_ceil(t);
         if !tiles.is_multiple_of(row_subgroups as usize) {
             return Err(format!(
                 "{positions} positions in {row_subgroups} subgroups"
             ));
         }
-        let [copies, halo_h, halo_w] = staged_halo(tile, meta, rows, cols);
         let block = Self {
             tile,
             rows: rows as u32,
@@ -442,7 +359,7 @@ impl HaloBlock {
             subgroups: [row_subgroups, columns],
             channel_tiles: block_tiles / columns,
             taps_per_step,
-            halo: [chunk as u32, copies, halo_h, halo_w],
+            halo: [chunk, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             tap_rows: taps_per_step * chunk as u32,
             groups: group_bounds(caps),
         };
@@ -468,8 +385,8 @@ impl HaloBlock {
 
     /// The halo and one step's taps, each padded by 8 halves per row.
     pub fn workgroup_bytes(&self) -> usize {
-        let [c_in, copies, h, w] = self.halo.map(|v| v as usize);
-        (copies * h * w * (c_in + 8) + self.tap_rows as usize * (self.channels() + 8)) * 2
+        let [c_in, h, w] = self.halo.map(|v| v as usize);
+        (h * w * (c_in + 8) + self.tap_rows as usize * (self.channels() + 8)) * 2
     }
 
     /// Blocks of output positions (each by all of a block's channels).
@@ -495,8 +412,8 @@ impl HaloBlock {
 
     /// The constants forward_halo.wgsl expects, for `subgroup` invocations per
     /// subgroup.
-    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 15] {
-        let [c_in, copies, halo_h, halo_w] = self.halo;
+    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 14] {
+        let [c_in, halo_h, halo_w] = self.halo;
         [
             ("T", self.tile),
             ("SUBGROUP", subgroup),
@@ -509,7 +426,6 @@ impl HaloBlock {
             ("TILES_W", self.tiles_w()),
             ("TPS", self.taps_per_step),
             ("HALO_C", c_in),
-            ("COPIES", copies),
             ("HALO_H", halo_h),
             ("HALO_W", halo_w),
             ("TAP_ROWS", self.tap_rows),
@@ -526,20 +442,11 @@ impl HaloBlock {
         let tiles = || (0..pt).flat_map(|i| (0..ct).map(move |j| (i, j)));
         let mut decls = String::new();
         for i in 0..pt {
-            decls += &if self.cols < self.tile {
-                // A narrow tile's T / BW whole rows.
-                format!(
-                    "    let br_{i} = (sg_m * PT + {i}u) * (T / BW);
-    let bc_{i} = 0u;
-"
-                )
-            } else {
-                format!(
-                    "    let br_{i} = (sg_m * PT + {i}u) / TILES_W;
+            decls += &format!(
+                "    let br_{i} = (sg_m * PT + {i}u) / TILES_W;
     let bc_{i} = min(((sg_m * PT + {i}u) % TILES_W) * T, BW - T);
 "
-                )
-            };
+            );
         }
         // Stride 0: every row of the tile starts as the same T biases.
         let start = |j: u32| match bias {
@@ -552,7 +459,7 @@ impl HaloBlock {
         let mut step = String::new();
         for i in 0..pt {
             step += &format!(
-                "                        let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[halo_pixel(br_{i}, bc_{i}, r, s) * LDP + c0 / 4u], LDP);\n"
+                "                        let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
             );
         }
         for j in 0..ct {
@@ -584,7 +491,7 @@ impl HaloBlock {
                     stores,
                 ),
             ],
-        ) + HALO_PIXELS
+        )
     }
 }
 
@@ -605,7 +512,7 @@ pub(crate) mod tests {
             channel_tiles: 2,
             subgroups: [4, 1],
             taps_per_step: 3,
-            halo: [32, 1, 6, 34],
+            halo: [32, 6, 34],
             tap_rows: 96,
             groups: [u32::MAX; 2],
         };
@@ -715,7 +622,7 @@ pub(crate) mod tests {
         // 64 -> 64 stages 32 input channels at a time: the same sizes.
         let conv4 = meta([256, 16, 16, 64], 64);
         let block = HaloBlock::fit(16, &conv4, &caps).unwrap();
-        assert_eq!(block.halo, [32, 1, 18, 18]);
+        assert_eq!(block.halo, [32, 18, 18]);
         assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
         // Where the adapter has less workgroup memory, the last rule block.
         let mut small = caps.clone();
@@ -733,22 +640,9 @@ pub(crate) mod tests {
         // A 1x1 conv shares no taps: the GEMM core runs it.
         let pointwise = ConvShapeMeta::new([1, 64, 64, 64], &ConvParams::new(64, 1, Padding::Same));
         assert!(HaloBlock::fit(16, &pointwise.unwrap(), &caps).is_err());
-        // 8 x 8 outputs are narrower than a tile: a whole image a block, 2
-        // rows a tile, 3 copies of 10 x 8 pixels of 40 halves.
+        // 8 x 8 outputs are narrower than a tile; stride 2 has no halo.
         let conv5 = meta([256, 8, 8, 64], 128);
-        let block = HaloBlock::fit(16, &conv5, &caps).unwrap();
-        assert_eq!((block.rows, block.cols, block.tiles_w()), (8, 8, 1));
-        assert_eq!(
-            (block.subgroups, block.position_tiles, block.channel_tiles),
-            ([2, 2], 2, 2)
-        );
-        assert_eq!(block.halo, [32, 3, 10, 8]);
-        assert_eq!(block.workgroup_bytes(), (3 * 10 * 8 * 40 + 96 * 72) * 2);
-        assert_eq!(block.grid(&conv5), [256, 2, 1]);
-        // Widths that do not divide a tile, or images too short for a
-        // tile, take no narrow blocks; stride 2 has no halo.
-        assert!(HaloBlock::fit(16, &meta([256, 8, 6, 64], 128), &caps).is_err());
-        assert!(HaloBlock::fit(16, &meta([256, 1, 8, 64], 128), &caps).is_err());
+        assert!(HaloBlock::fit(16, &conv5, &caps).is_err());
         let strided = ConvParams {
             stride: (2, 2),
             ..ConvParams::new(32, 3, Padding::Same)
