@@ -288,6 +288,17 @@ impl Model {
     /// Builds every layer for per-sample `input_shape` on the model's device.
     /// Shape errors name the layer by index.
     pub fn finalize(&mut self, input_shape: &[usize]) -> Result<()> {
+        self.finalize_within(input_shape, None)
+    }
+
+    /// [`Model::finalize`], refusing before any layer builds where the
+    /// layers' state would take more than `state_budget` values: a model
+    /// file's architecture may ask for no more than the file's tensors hold.
+    fn finalize_within(
+        &mut self,
+        input_shape: &[usize],
+        state_budget: Option<usize>,
+    ) -> Result<()> {
         if let Some(optimizer) = &self.optimizer {
             optimizer.validate()?;
         }
@@ -313,14 +324,26 @@ impl Model {
         }
         let mut shape = input_shape.to_vec();
         let mut output_shapes = Vec::with_capacity(self.layers.len());
+        let mut state_values = 0usize;
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let seed = layer_seed(self.seed, i);
-            shape = layer.build(&shape, seed, &self.device).map_err(|e| {
+            let spec = layer.spec();
+            let in_layer = |e: AetherError| {
                 model_err(format!(
-                    "layer {i} ({:?}) with input shape {shape:?}: {e}",
-                    layer.spec()
+                    "layer {i} ({spec:?}) with input shape {shape:?}: {e}"
                 ))
-            })?;
+            };
+            if let Some(budget) = state_budget {
+                let values = layer.state_values(&shape).map_err(in_layer)?;
+                state_values = state_values.saturating_add(values);
+                if state_values > budget {
+                    return Err(model_err(format!(
+                        "layers 0 to {i} would hold {state_values} state values, \
+                         more than the model file's tensors hold ({budget})"
+                    )));
+                }
+            }
+            shape = layer.build(&shape, seed, &self.device).map_err(in_layer)?;
             output_shapes.push(shape.clone());
         }
         self.input_shape = Some(input_shape.to_vec());
@@ -952,8 +975,15 @@ impl Model {
         for spec in &arch.layers {
             model.layers.push(spec.instantiate());
         }
+        // Tensor values the file holds (4 bytes each): no layer may allocate
+        // more than that, whatever its architecture declares.
+        let held = file
+            .tensors()
+            .iter()
+            .map(|(_, view)| view.data().len() / 4)
+            .sum();
         model
-            .finalize(&arch.input_shape)
+            .finalize_within(&arch.input_shape, Some(held))
             .map_err(|e| file_err(path, format!("architecture does not build: {e}")))?;
         model.load_tensors(path, &file)?;
         Ok(model)

@@ -232,6 +232,30 @@ test_device!(save_load_round_trip_across_devices, |device: &Device| {
     let _ = std::fs::remove_dir_all(&dir);
 });
 
+/// `Layer::state_values`, which `Model::load` holds a file's architecture to,
+/// counts what `build` allocates, for layers with state and without.
+#[test]
+fn state_values_count_what_build_allocates() {
+    let layers: Vec<(Box<dyn Layer>, Vec<usize>)> = vec![
+        (
+            Box::new(aether::nn::Conv2d::new(5, (3, 2), Padding::Valid)),
+            vec![7, 6, 3],
+        ),
+        (Box::new(Dense::new(9)), vec![13]),
+        (
+            Box::new(aether::nn::BatchNorm::new(0.9, 1e-3)),
+            vec![4, 4, 6],
+        ),
+        (Box::new(Flatten::default()), vec![2, 3, 4]),
+    ];
+    for (mut layer, input) in layers {
+        let predicted = layer.state_values(&input).unwrap();
+        layer.build(&input, 7, &Device::Cpu).unwrap();
+        let held: usize = layer.state().iter().map(|(_, t)| t.numel()).sum();
+        assert_eq!(predicted, held, "{:?} on {input:?}", layer.spec());
+    }
+}
+
 fn small_model(units: usize) -> Model {
     let mut model = Model::new().seed(1);
     model.add(Flatten::default());
@@ -271,21 +295,23 @@ fn bad_model_files_give_typed_errors_naming_the_problem() {
 
     expect_model_file_error(small_model(5).load_weights(&good), "another architecture");
 
-    // Same architecture metadata, but the kernel tensor has the wrong shape.
+    // Same architecture metadata, but the kernel tensor has the wrong shape
+    // (more values than the architecture's, so the loader's state budget
+    // passes and the shape check names the tensor).
     let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len]).unwrap();
     let arch = header["__metadata__"]["aether_architecture"]
         .as_str()
         .unwrap()
         .to_owned();
-    let kernel = vec![0u8; 4 * 12 * 3];
+    let kernel = vec![0u8; 4 * 12 * 5];
     let bias = vec![0u8; 4 * 4];
     let views = vec![
         (
             "layers.1.kernel".to_owned(),
             safetensors::tensor::TensorView::new(
                 safetensors::Dtype::F32,
-                vec![1, 1, 12, 3],
+                vec![1, 1, 12, 5],
                 &kernel,
             )
             .unwrap(),
@@ -321,6 +347,27 @@ fn bad_model_files_give_typed_errors_naming_the_problem() {
         .unwrap();
         expect_model_file_error(Model::load(&huge, &Device::Cpu).map(|_| ()), "input shape");
     }
+
+    // An architecture asking for more state than the file's tensors hold
+    // (a Dense layer of 2^27 units, 6 GiB of weights, beside the 52 values
+    // of the real one): refused before any layer allocates.
+    let huge_units = arch.replace("\"units\":4,", "\"units\":134217728,");
+    assert_ne!(
+        huge_units, arch,
+        "the architecture names its Dense units as 4"
+    );
+    let meta = std::collections::HashMap::from([("aether_architecture".to_owned(), huge_units)]);
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let huge = dir.join("huge-layer.aether");
+    std::fs::write(
+        &huge,
+        safetensors::serialize(file.tensors(), Some(meta)).unwrap(),
+    )
+    .unwrap();
+    expect_model_file_error(
+        Model::load(&huge, &Device::Cpu).map(|_| ()),
+        "more than the model file's tensors hold (52)",
+    );
 
     let plain = dir.join("plain.safetensors");
     std::fs::write(

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::init::he_normal;
-use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc};
+use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc, state_size};
 use crate::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
     conv2d_forward,
@@ -118,6 +118,22 @@ fn f16_kernels_first(ctx: Option<&Arc<GpuContext>>) -> bool {
     })
 }
 
+impl Conv2d {
+    /// The conv's parameters and its geometry for one sample of `input`.
+    fn geometry(&self, input: &[usize]) -> Result<(ConvParams, ConvShapeMeta)> {
+        let [h, w, c] = hwc("Conv2d", input)?;
+        let params = ConvParams {
+            c_out: self.filters,
+            filter: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+            dilation: (1, 1),
+        };
+        let meta = ConvShapeMeta::new([1, h, w, c], &params)?;
+        Ok((params, meta))
+    }
+}
+
 impl Layer for Conv2d {
     fn spec(&self) -> LayerSpec {
         LayerSpec::Conv2d {
@@ -133,15 +149,7 @@ impl Layer for Conv2d {
     }
 
     fn build(&mut self, input: &[usize], seed: u64, device: &Device) -> Result<Vec<usize>> {
-        let [h, w, c] = hwc("Conv2d", input)?;
-        let params = ConvParams {
-            c_out: self.filters,
-            filter: self.kernel,
-            stride: self.stride,
-            padding: self.padding,
-            dilation: (1, 1),
-        };
-        let meta = ConvShapeMeta::new([1, h, w, c], &params)?;
+        let (params, meta) = self.geometry(input)?;
         let kernel = Tensor::from_f32(
             meta.weight_dims().to_vec(),
             he_normal(meta.k * self.filters, meta.k, seed),
@@ -254,6 +262,16 @@ impl Layer for Conv2d {
         .collect()
     }
 
+    /// The kernel's `K x filters` values and the bias's `filters`.
+    fn state_values(&self, input: &[usize]) -> Result<usize> {
+        let (_, meta) = self.geometry(input)?;
+        let values = meta
+            .k
+            .checked_add(1)
+            .and_then(|k| k.checked_mul(self.filters));
+        state_size("Conv2d", input, values)
+    }
+
     fn state(&self) -> Vec<(&'static str, &Tensor)> {
         match &self.weights {
             Some(w) => vec![("kernel", &w.kernel), ("bias", &w.bias)],
@@ -347,6 +365,16 @@ impl Dense {
         }
     }
 
+    /// A per-sample input of features as the conv's 1 x 1 pixel.
+    fn as_pixel(input: &[usize]) -> Result<[usize; 3]> {
+        let [features] = <[usize; 1]>::try_from(input).map_err(|_| AetherError::InvalidShape {
+            op: "Dense",
+            shape: input.to_vec(),
+            reason: "expects per-sample input (features); add a Flatten layer before it".into(),
+        })?;
+        Ok([1, 1, features])
+    }
+
     fn as_rows(t: &Tensor) -> Result<Tensor> {
         t.reshape(vec![t.dims()[0], t.numel() / t.dims()[0]])
     }
@@ -364,13 +392,12 @@ impl Layer for Dense {
     }
 
     fn build(&mut self, input: &[usize], seed: u64, device: &Device) -> Result<Vec<usize>> {
-        let [features] = <[usize; 1]>::try_from(input).map_err(|_| AetherError::InvalidShape {
-            op: "Dense",
-            shape: input.to_vec(),
-            reason: "expects per-sample input (features); add a Flatten layer before it".into(),
-        })?;
-        self.conv.build(&[1, 1, features], seed, device)?;
+        self.conv.build(&Self::as_pixel(input)?, seed, device)?;
         Ok(vec![self.units])
+    }
+
+    fn state_values(&self, input: &[usize]) -> Result<usize> {
+        self.conv.state_values(&Self::as_pixel(input)?)
     }
 
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {

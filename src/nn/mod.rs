@@ -239,6 +239,13 @@ pub trait Layer: Send {
         Vec::new()
     }
 
+    /// How many values [`Layer::state`] will hold once built for `input`,
+    /// worked out without allocating them: `Model::load` holds a file's
+    /// architecture to the tensors the file carries before any layer builds.
+    fn state_values(&self, _input: &[usize]) -> Result<usize> {
+        Ok(0)
+    }
+
     /// Replaces the state tensor `name` (shape already checked by the caller).
     fn set_state(&mut self, name: &str, _tensor: Tensor) -> Result<()> {
         Err(AetherError::InvalidShape {
@@ -288,6 +295,20 @@ pub(crate) fn cached<'a>(slot: &'a Option<Tensor>, layer: &'static str) -> Resul
 }
 
 /// `[N, dims...]`: a per-sample shape with the batch in front.
+/// `values` as a state size, or an `InvalidShape` for `op`'s `input` where
+/// the count overflowed.
+pub(crate) fn state_size(
+    op: &'static str,
+    input: &[usize],
+    values: Option<usize>,
+) -> Result<usize> {
+    values.ok_or_else(|| AetherError::InvalidShape {
+        op,
+        shape: input.to_vec(),
+        reason: "its parameters overflow a count of values".into(),
+    })
+}
+
 pub(crate) fn batched_dims(n: usize, per_sample: &[usize]) -> Vec<usize> {
     std::iter::once(n)
         .chain(per_sample.iter().copied())

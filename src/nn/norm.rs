@@ -1,7 +1,7 @@
 //! BatchNorm over the channel axis, with running statistics for inference.
 //! Its parameters are excluded from weight decay.
 
-use super::{Layer, LayerSpec, Mode, Trainable, cached};
+use super::{Layer, LayerSpec, Mode, Trainable, cached, state_size};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::batchnorm::{
@@ -83,6 +83,18 @@ impl Default for BatchNorm {
     }
 }
 
+/// The channels of a per-sample `input`: its last axis.
+fn channels(input: &[usize]) -> Result<usize> {
+    input
+        .last()
+        .copied()
+        .ok_or_else(|| AetherError::InvalidShape {
+            op: "BatchNorm",
+            shape: input.to_vec(),
+            reason: "needs at least one feature axis".into(),
+        })
+}
+
 impl Layer for BatchNorm {
     fn spec(&self) -> LayerSpec {
         LayerSpec::BatchNorm {
@@ -107,11 +119,7 @@ impl Layer for BatchNorm {
                 expected: "finite and > 0",
             });
         }
-        let c = *input.last().ok_or_else(|| AetherError::InvalidShape {
-            op: "BatchNorm",
-            shape: input.to_vec(),
-            reason: "needs at least one feature axis".into(),
-        })?;
+        let c = channels(input)?;
         // A fused ReLU and an f16 output are the model's decisions, made again
         // after every build.
         self.relu = false;
@@ -212,6 +220,11 @@ impl Layer for BatchNorm {
                 decays: false,
             },
         ]
+    }
+
+    /// gamma, beta and the two running statistics: 4 values a channel.
+    fn state_values(&self, input: &[usize]) -> Result<usize> {
+        state_size("BatchNorm", input, channels(input)?.checked_mul(4))
     }
 
     fn state(&self) -> Vec<(&'static str, &Tensor)> {
