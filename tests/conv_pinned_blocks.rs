@@ -1,5 +1,5 @@
-//! The halo kernels' blocks that only the tuning overrides pick (the
-//! candidates of `.ci/gpu-sweep-*.sh`) against the f64 direct convolution, on
+//! The halo kernels' blocks that only the tuning overrides pick (as the
+//! `.ci/gpu-sweep-*.sh` scripts pin them) against the f64 direct convolution, on
 //! the coop variants, and a malformed override as an error. Each block is
 //! pinned through its environment variable, so this binary holds a single
 //! test, which sets the variables in turn while no other thread reads the
@@ -47,16 +47,17 @@ fn pins() -> Vec<Pin> {
             ran: |p| p.dweight_halo.is_some_and(|b| b.rows * b.cols == 32),
         },
         // The forward with all 9 taps a step, 16 input channels a stage and 4
-        // channel tiles over 2 columns of subgroups.
+        // channel tiles over 8 subgroups in 2 columns (`.ci/gpu-sweep-halo16.sh`).
         Pin {
             var: HALO_ENV,
-            value: "64x4x9x4x2x16",
-            input: wide,
+            value: "256x4x9x8x2x16",
+            input: [1, 16, 16, 64],
             c_out: 64,
             direction: ConvDirection::Forward,
             ran: |p| {
-                p.halo
-                    .is_some_and(|b| b.taps_per_step == 9 && b.halo[0] == 16)
+                p.halo.is_some_and(|b| {
+                    b.taps_per_step == 9 && b.halo[0] == 16 && b.subgroups == [4, 2]
+                })
             },
         },
     ]
