@@ -351,6 +351,20 @@ fn smoke_args() -> Cifar10Args {
     }
 }
 
+/// A batch size past the number of images trains them as one batch, without
+/// reserving room for the batch size's worth (2^40 images would be 12 PB).
+#[test]
+fn run_takes_a_batch_size_larger_than_the_data() {
+    let args = Cifar10Args {
+        batch_size: 1 << 40,
+        limit: Some(20),
+        test_limit: Some(10),
+        ..smoke_args()
+    };
+    let summary = run(&args).expect("one batch of 20 images");
+    assert_eq!(summary.epochs.len(), 1);
+}
+
 #[test]
 fn run_refuses_arguments_that_parse_would_refuse() {
     let bad = [

@@ -698,7 +698,8 @@ impl Trainer<'_> {
         let bar = progress_bar(epoch, self.args.epochs, steps);
         let start = Instant::now();
         let mut pending = PendingLosses::new(epoch, steps);
-        let mut batch = Vec::with_capacity(batch_size * IMAGE_VALUES);
+        // A batch holds at most every image (the batch size is the user's).
+        let mut batch = Vec::with_capacity(batch_size.min(n) * IMAGE_VALUES);
         for (s, chunk) in order.chunks(batch_size).enumerate() {
             batch.clear();
             for &i in chunk {
