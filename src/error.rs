@@ -139,3 +139,22 @@ pub enum AetherError {
 
 /// Shorthand used across the crate.
 pub type Result<T, E = AetherError> = std::result::Result<T, E>;
+
+/// `Ok` where `valid`, else [`AetherError::InvalidHyperparameter`] naming
+/// `name`, its `value` and the `expected` range.
+pub(crate) fn check_hyperparameter(
+    name: &'static str,
+    value: f32,
+    valid: bool,
+    expected: &'static str,
+) -> Result<()> {
+    if valid {
+        Ok(())
+    } else {
+        Err(AetherError::InvalidHyperparameter {
+            name,
+            value,
+            expected,
+        })
+    }
+}

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::conv::PlannedLaunch;
 use crate::device::Device;
-use crate::error::{AetherError, Result};
+use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::nn::{Layer, LayerSpec, Mode};
 use crate::ops::loss::{
     correct_count, cross_entropy, softmax, softmax_cross_entropy,
@@ -302,6 +302,14 @@ impl Model {
         if let Some(optimizer) = &self.optimizer {
             optimizer.validate()?;
         }
+        if let Some(
+            Loss::SoftmaxCrossEntropy { label_smoothing }
+            | Loss::CategoricalCrossEntropy { label_smoothing },
+        ) = self.loss
+        {
+            let valid = (0.0..=1.0).contains(&label_smoothing);
+            check_hyperparameter("label_smoothing", label_smoothing, valid, "in [0, 1]")?;
+        }
         // Every layer's sizes follow from the input's: a sample's values must
         // be countable (no overflow downstream) and indexable by the kernels.
         let values = input_shape
@@ -322,6 +330,22 @@ impl Model {
                  remove the layer (the loss works on logits) or use CategoricalCrossEntropy",
             ));
         }
+        if let (Some(Loss::CategoricalCrossEntropy { .. }), Some(last)) =
+            (self.loss, self.layers.last())
+            && last.spec() != LayerSpec::Softmax
+        {
+            return Err(model_err(format!(
+                "CategoricalCrossEntropy takes probabilities, but the last layer is {:?}; \
+                 end the model with a Softmax layer, or use SoftmaxCrossEntropy on logits",
+                last.spec()
+            )));
+        }
+        // The layers build afresh: until every one has, the model is not
+        // finalized (a failed build leaves nothing half-built usable), their
+        // gradients have no destination and the optimizer no moments.
+        self.input_shape = None;
+        self.output_shapes.clear();
+        self.forget_optimizer_state();
         let mut shape = input_shape.to_vec();
         let mut output_shapes = Vec::with_capacity(self.layers.len());
         let mut state_values = 0usize;
@@ -430,11 +454,27 @@ impl Model {
         self.folded.get(i).copied().unwrap_or(false)
     }
 
+    /// Drops the optimizer's moments and packed buffers (keeping its
+    /// hyperparameters) and the layers' gradient destinations in them: the
+    /// next step starts a fresh optimizer state for the parameters as they are.
+    fn forget_optimizer_state(&mut self) {
+        for layer in &mut self.layers {
+            layer.set_grad_outputs(Vec::new());
+        }
+        if let Some(opt) = &self.optimizer {
+            let mut fresh = Adam::new(opt.learning_rate);
+            (fresh.beta1, fresh.beta2, fresh.epsilon, fresh.weight_decay) =
+                (opt.beta1, opt.beta2, opt.epsilon, opt.weight_decay);
+            self.optimizer = Some(fresh);
+        }
+    }
+
     /// Moves every parameter and statistic to `device`.
     pub fn to(&mut self, device: &Device) -> Result<()> {
+        // The gradients went into the old optimizer's buffer, and its moments
+        // live on the old device.
+        self.forget_optimizer_state();
         for layer in &mut self.layers {
-            // The gradients went into the old optimizer's buffer, on the old device.
-            layer.set_grad_outputs(Vec::new());
             let moved: Vec<(&'static str, Tensor)> = layer
                 .state()
                 .into_iter()
@@ -443,13 +483,6 @@ impl Model {
             for (name, t) in moved {
                 layer.set_state(name, t)?;
             }
-        }
-        if let Some(opt) = &self.optimizer {
-            // Moments live on the old device; a fresh optimizer state starts there.
-            let mut fresh = Adam::new(opt.learning_rate);
-            (fresh.beta1, fresh.beta2, fresh.epsilon, fresh.weight_decay) =
-                (opt.beta1, opt.beta2, opt.epsilon, opt.weight_decay);
-            self.optimizer = Some(fresh);
         }
         self.device = device.clone();
         if self.input_shape.is_some() {
@@ -581,6 +614,7 @@ impl Model {
     /// toward label smoothing's uniform share alone. [`Model::train_batch`]
     /// and [`Model::train`] refuse such a label.
     pub fn train_tensors(&mut self, x: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
+        self.input_shape()?;
         self.train_step(x, labels)
     }
 

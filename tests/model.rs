@@ -468,6 +468,75 @@ fn configuration_errors_are_clear() {
         let err = model.finalize(&[2, 2, 1]).unwrap_err().to_string();
         assert!(err.contains("layer 1") && err.contains(needle), "{err}");
     }
+    // The other layers' hyperparameters and the loss's likewise.
+    let layers: [(Box<dyn Fn(&mut Model)>, &str); 5] = [
+        (
+            Box::new(|m| {
+                m.add(Dense::new(3).regularize(f32::NAN, 0.0, 0.0, 0.0));
+            }),
+            "l1 = NaN",
+        ),
+        (
+            Box::new(|m| {
+                m.add(Dense::new(3).regularize(0.0, 0.0, 0.0, -1.0));
+            }),
+            "bias_l2 = -1",
+        ),
+        (
+            Box::new(|m| {
+                m.add(aether::nn::Dropout::new(1.0));
+            }),
+            "dropout rate = 1",
+        ),
+        (
+            Box::new(|m| {
+                m.add(aether::nn::SpatialDropout::new(f32::NAN));
+            }),
+            "dropout rate = NaN",
+        ),
+        (
+            Box::new(|m| {
+                m.add(aether::nn::LeakyReLU::new(f32::INFINITY));
+            }),
+            "LeakyReLU alpha = inf",
+        ),
+    ];
+    for (add, needle) in layers {
+        let mut model = Model::new();
+        model.add(Flatten::default());
+        add(&mut model);
+        let err = model.finalize(&[2, 2, 1]).unwrap_err().to_string();
+        assert!(err.contains("layer 1") && err.contains(needle), "{err}");
+    }
+    // CategoricalCrossEntropy takes probabilities: a model ending in logits
+    // is refused, naming its last layer.
+    let mut logits = small_model(3);
+    assert_eq!(Dense::new(3).units(), 3);
+    logits.configure(
+        Loss::CategoricalCrossEntropy {
+            label_smoothing: 0.0,
+        },
+        Adam::new(1e-3),
+        Metric::CategoricalAccuracy,
+    );
+    let err = logits.finalize(&[2, 2, 3]).unwrap_err().to_string();
+    assert!(err.contains("last layer is Dense"), "{err}");
+    for smoothing in [f32::NAN, 1.5] {
+        let mut model = small_model(3);
+        model.configure(
+            Loss::SoftmaxCrossEntropy {
+                label_smoothing: smoothing,
+            },
+            Adam::new(1e-3),
+            Metric::CategoricalAccuracy,
+        );
+        match model.finalize(&[2, 2, 3]) {
+            Err(AetherError::InvalidHyperparameter { name, .. }) => {
+                assert_eq!(name, "label_smoothing")
+            }
+            other => panic!("label_smoothing {smoothing}: got {other:?}"),
+        }
+    }
     let mut no_momentum_decay = Adam::new(1e-3);
     no_momentum_decay.beta1 = 1.0;
     let adams = [
@@ -493,6 +562,51 @@ fn configuration_errors_are_clear() {
         }
     }
 }
+
+// A model finalized again for another input shape after training trains on
+// (its layers' gradients went into the old optimizer's buffer, sized for the
+// old weights); one whose second finalize fails is left unfinalized, not
+// half rebuilt, and `train_tensors` asks for finalize as `train_batch` does.
+test_device!(
+    finalize_again_rebuilds_the_model_or_leaves_it_unfinalized,
+    |device: &Device| {
+        let mut model = Model::new().seed(4);
+        model.add(Flatten::default());
+        model.add(Dense::new(3));
+        let mut model = common::ready_model(model, device, &[2, 2, 3]);
+        let mut rng = Rng::fresh();
+        let (y, x12) = (vec![0, 1, 2, 0], rng.vec(4 * 12));
+        model.train_batch(&x12, &y).unwrap();
+        model.finalize(&[2, 3, 3]).unwrap();
+        let x18 = rng.vec(4 * 18);
+        for _ in 0..2 {
+            let (loss, _) = model.train_batch(&x18, &y).unwrap();
+            let loss = loss.to_vec_f32().unwrap()[0];
+            assert!(loss.is_finite(), "loss {loss} after finalize again");
+        }
+
+        // Conv2d over a 1-pixel-wide input: a 3x3 valid conv cannot build.
+        let mut conv = Model::new();
+        conv.add(aether::nn::Conv2d::new(2, (1, 1), Padding::Valid));
+        conv.add(aether::nn::Conv2d::new(2, (3, 3), Padding::Valid));
+        conv.add(Flatten::default());
+        let mut conv = common::ready_model(conv, device, &[3, 3, 1]);
+        assert!(conv.finalize(&[3, 1, 1]).is_err());
+        let unfinalized = |result: Result<(), AetherError>, what: &str| {
+            let err = result.expect_err(what).to_string();
+            assert!(err.contains("call finalize"), "{what}: {err}");
+        };
+        let x9 = rng.vec(9);
+        unfinalized(conv.predict(&x9, 1, false).map(drop), "predict");
+        let path = std::env::temp_dir().join(format!("aether-half-{}", std::process::id()));
+        unfinalized(conv.save(&path), "save");
+        assert!(!path.exists());
+        model.add(Softmax::default());
+        let xt = Tensor::from_f32(vec![4, 2, 3, 3], x18, device).unwrap();
+        let yt = Tensor::from_u32(vec![4], y, device).unwrap();
+        unfinalized(model.train_tensors(&xt, &yt).map(drop), "train_tensors");
+    }
+);
 
 // A model trained on the GPU, moved to the CPU and to a second GPU context
 // without coop kernels, trains on at each stop: its layers' gradient

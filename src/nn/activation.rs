@@ -2,7 +2,7 @@
 
 use super::{Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Result, check_hyperparameter};
 use crate::ops::activation::{leaky_relu, leaky_relu_backward, relu_backward};
 use crate::ops::loss::{softmax, softmax_backward};
 use crate::ops::relu;
@@ -58,6 +58,12 @@ impl Layer for LeakyReLU {
     }
 
     fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
+        check_hyperparameter(
+            "LeakyReLU alpha",
+            self.alpha,
+            self.alpha.is_finite(),
+            "finite",
+        )?;
         Ok(input.to_vec())
     }
 

@@ -16,7 +16,7 @@ use crate::conv::{
     dweight::conv2d_dweight_into,
 };
 use crate::device::Device;
-use crate::error::{AetherError, Result};
+use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::GpuContext;
 use crate::tensor::{DType, Tensor};
 
@@ -149,6 +149,19 @@ impl Layer for Conv2d {
     }
 
     fn build(&mut self, input: &[usize], seed: u64, device: &Device) -> Result<Vec<usize>> {
+        for (name, value) in [
+            ("l1", self.l1),
+            ("l2", self.l2),
+            ("bias_l1", self.bias_l1),
+            ("bias_l2", self.bias_l2),
+        ] {
+            check_hyperparameter(
+                name,
+                value,
+                value >= 0.0 && value.is_finite(),
+                "finite and >= 0",
+            )?;
+        }
         let (params, meta) = self.geometry(input)?;
         let kernel = Tensor::from_f32(
             meta.weight_dims().to_vec(),
@@ -335,17 +348,22 @@ impl Layer for Conv2d {
 }
 
 /// A fully connected layer `[N, in] -> [N, units]`, run as a 1x1 convolution.
+/// A fully connected layer: a 1 x 1 conv over one pixel of features, whose
+/// filters are its units (one count, so the two cannot disagree).
 pub struct Dense {
-    pub units: usize,
     conv: Conv2d,
 }
 
 impl Dense {
     pub fn new(units: usize) -> Self {
         Self {
-            units,
             conv: Conv2d::new(units, (1, 1), Padding::Valid),
         }
+    }
+
+    /// Output features.
+    pub fn units(&self) -> usize {
+        self.conv.filters
     }
 
     /// L1 / L2 penalties on the weights and the bias.
@@ -383,7 +401,7 @@ impl Dense {
 impl Layer for Dense {
     fn spec(&self) -> LayerSpec {
         LayerSpec::Dense {
-            units: self.units,
+            units: self.units(),
             l1: self.conv.l1,
             l2: self.conv.l2,
             bias_l1: self.conv.bias_l1,
@@ -393,7 +411,7 @@ impl Layer for Dense {
 
     fn build(&mut self, input: &[usize], seed: u64, device: &Device) -> Result<Vec<usize>> {
         self.conv.build(&Self::as_pixel(input)?, seed, device)?;
-        Ok(vec![self.units])
+        Ok(vec![self.units()])
     }
 
     fn state_values(&self, input: &[usize]) -> Result<usize> {
@@ -405,7 +423,7 @@ impl Layer for Dense {
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let dy = dy.reshape(batched_dims(dy.dims()[0], &[1, 1, self.units]))?;
+        let dy = dy.reshape(batched_dims(dy.dims()[0], &[1, 1, self.units()]))?;
         self.conv
             .backward(&dy, need_dx)?
             .map(|dx| Self::as_rows(&dx))

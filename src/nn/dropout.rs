@@ -3,7 +3,7 @@
 
 use super::{Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Result, check_hyperparameter};
 use crate::ops::dropout::{dropout, dropout_backward, spatial_dropout_as};
 use crate::tensor::{DType, Tensor};
 
@@ -55,6 +55,13 @@ macro_rules! dropout_layer {
                 seed: u64,
                 _device: &Device,
             ) -> Result<Vec<usize>> {
+                let rate = self.rate;
+                check_hyperparameter(
+                    "dropout rate",
+                    rate,
+                    (0.0..1.0).contains(&rate),
+                    "in [0, 1)",
+                )?;
                 self.seed = seed;
                 self.channels = input.last().copied().unwrap_or(0);
                 Ok(input.to_vec())
