@@ -469,7 +469,8 @@ fn configuration_errors_are_clear() {
         assert!(err.contains("layer 1") && err.contains(needle), "{err}");
     }
     // The other layers' hyperparameters and the loss's likewise.
-    let layers: [(Box<dyn Fn(&mut Model)>, &str); 5] = [
+    type AddLayer = Box<dyn Fn(&mut Model)>;
+    let layers: [(AddLayer, &str); 5] = [
         (
             Box::new(|m| {
                 m.add(Dense::new(3).regularize(f32::NAN, 0.0, 0.0, 0.0));
