@@ -788,3 +788,47 @@ test_device!(
         }
     }
 );
+
+// An epsilon or momentum out of range (NaN included) is refused by every op
+// that takes one: a zero epsilon on a constant channel gave NaN outputs, a
+// momentum of 2 extrapolated the running statistics, both without an error.
+test_device!(
+    hyperparameters_out_of_range_are_refused,
+    |device: &Device| {
+        let vector = |v: Vec<f32>| Tensor::from_f32(vec![2], v, device).unwrap();
+        let x = Tensor::from_f32(vec![2, 2], vec![1.0, 2.0, 1.0, 3.0], device).unwrap();
+        let (gamma, beta) = (vector(vec![1.0, 0.5]), vector(vec![0.0, 0.25]));
+        let (mean, var) = (vector(vec![0.0, 1.0]), vector(vec![1.0, 2.0]));
+        let refused = |result: Result<(), AetherError>, name: &str, what: &str| match result {
+            Err(AetherError::InvalidHyperparameter { name: got, .. }) => {
+                assert_eq!(got, name, "{what}")
+            }
+            other => panic!("{what}: expected InvalidHyperparameter {name}, got {other:?}"),
+        };
+        for eps in [0.0, -1e-3, f32::NAN, f32::INFINITY] {
+            let what = format!("eps {eps}");
+            let epsilon = "BatchNorm epsilon";
+            refused(
+                batch_norm_train(&x, &gamma, &beta, eps).map(drop),
+                epsilon,
+                &what,
+            );
+            let inference = batch_norm_inference(&x, &gamma, &beta, &mean, &var, eps);
+            refused(inference.map(drop), epsilon, &what);
+        }
+        let (_, stats) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+        for momentum in [f32::NAN, 2.0, -0.5] {
+            let what = format!("momentum {momentum}");
+            let update = update_running_stats(&mean, &var, &stats, 2, momentum, EPS);
+            refused(update.map(drop), "BatchNorm momentum", &what);
+            let running = RunningStats {
+                mean: &mean,
+                var: &var,
+                momentum,
+            };
+            let out = NormOutput::f32(false);
+            let trained = batch_norm_train_running(&x, &gamma, &beta, EPS, out, running);
+            refused(trained.map(drop), "BatchNorm momentum", &what);
+        }
+    }
+);

@@ -6,7 +6,7 @@ use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::batchnorm::{
     BatchNormStats, NormOutput, RunningStats, backward_into, batch_norm_inference_as,
-    batch_norm_train_running,
+    batch_norm_train_running, check_epsilon, check_momentum,
 };
 use crate::tensor::{DType, Tensor};
 
@@ -104,21 +104,8 @@ impl Layer for BatchNorm {
     }
 
     fn build(&mut self, input: &[usize], _seed: u64, device: &Device) -> Result<Vec<usize>> {
-        let (momentum, epsilon) = (self.momentum, self.epsilon);
-        if !(0.0..=1.0).contains(&momentum) {
-            return Err(AetherError::InvalidHyperparameter {
-                name: "BatchNorm momentum",
-                value: momentum,
-                expected: "in [0, 1]",
-            });
-        }
-        if !(epsilon > 0.0 && epsilon.is_finite()) {
-            return Err(AetherError::InvalidHyperparameter {
-                name: "BatchNorm epsilon",
-                value: epsilon,
-                expected: "finite and > 0",
-            });
-        }
+        check_momentum(self.momentum)?;
+        check_epsilon(self.epsilon)?;
         let c = channels(input)?;
         // A fused ReLU and an f16 output are the model's decisions, made again
         // after every build.

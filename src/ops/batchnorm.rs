@@ -26,7 +26,7 @@ use rayon::prelude::*;
 
 use crate::conv::cast_f16;
 use crate::device::Device;
-use crate::error::{AetherError, Result};
+use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::ops::activation::relu_backward;
 use crate::ops::relu as relu_op;
@@ -147,6 +147,10 @@ fn train(
     running: Option<RunningStats<'_>>,
 ) -> Result<Trained> {
     const OP: &str = "batch_norm_train";
+    check_epsilon(eps)?;
+    if let Some(running) = &running {
+        check_momentum(running.momentum)?;
+    }
     let layout = Layout::of(OP, x)?;
     require_channel_vectors(OP, layout.channels, &[gamma, beta])?;
     same_device(OP, &[x, gamma, beta])?;
@@ -223,6 +227,8 @@ pub fn update_running_stats(
     eps: f32,
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "update_running_stats";
+    check_epsilon(eps)?;
+    check_momentum(momentum)?;
     let channels = running_mean.numel();
     require_channel_vectors(
         OP,
@@ -323,6 +329,7 @@ pub fn batch_norm_inference_as(
     out: NormOutput,
 ) -> Result<Tensor> {
     const OP: &str = "batch_norm_inference";
+    check_epsilon(eps)?;
     let layout = Layout::of(OP, x)?;
     let vectors = [gamma, beta, running_mean, running_var];
     require_channel_vectors(OP, layout.channels, &vectors)?;
@@ -517,6 +524,19 @@ pub(crate) fn backward_into(
 }
 
 /// `x` seen as `rows` rows of `channels` values.
+/// `eps` must be finite and positive: 0 divides by a zero variance, NaN or
+/// a negative one takes the square root of less than 0.
+pub(crate) fn check_epsilon(eps: f32) -> Result<()> {
+    let valid = eps > 0.0 && eps.is_finite();
+    check_hyperparameter("BatchNorm epsilon", eps, valid, "finite and > 0")
+}
+
+/// `momentum` weighs the running statistics against the batch's: in [0, 1].
+pub(crate) fn check_momentum(momentum: f32) -> Result<()> {
+    let valid = (0.0..=1.0).contains(&momentum);
+    check_hyperparameter("BatchNorm momentum", momentum, valid, "in [0, 1]")
+}
+
 #[derive(Clone, Copy)]
 struct Layout {
     channels: usize,
