@@ -314,7 +314,11 @@ impl Tensor {
     /// refuses (caught in a wgpu error scope) is [`AetherError::Allocation`].
     pub(crate) fn uninit_gpu(ctx: &Arc<GpuContext>, shape: Shape, dtype: DType) -> Result<Self> {
         let what = || format!("tensor of shape {:?} ({dtype:?})", shape.dims());
-        let bytes = (shape.numel() * dtype.size_bytes()) as u64;
+        // Past u64 (only for shapes near usize::MAX) is past every limit.
+        let bytes = shape
+            .numel()
+            .checked_mul(dtype.size_bytes())
+            .map_or(u64::MAX, |b| b as u64);
         let limits = &ctx.caps().limits;
         let limit = limits
             .max_storage_buffer_binding_size

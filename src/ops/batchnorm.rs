@@ -546,6 +546,13 @@ struct Layout {
 impl Layout {
     fn of(op: &'static str, x: &Tensor) -> Result<Self> {
         require_f32(op, x)?;
+        if x.host_f32().is_none() && u32::try_from(x.numel()).is_err() {
+            return Err(AetherError::InvalidShape {
+                op,
+                shape: x.dims().to_vec(),
+                reason: "more elements than the GPU kernels' u32 indices address".into(),
+            });
+        }
         match x.dims() {
             [.., _, channels] => Ok(Self {
                 channels: *channels,

@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::error::Result;
+use crate::error::{AetherError, Result};
 use crate::gpu::{PipelineKey, flat_grid};
 use crate::tensor::{DType, Tensor};
 
@@ -30,6 +30,13 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
             })?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let len = x.numel();
+    if u32::try_from(len).is_err() {
+        return Err(AetherError::InvalidShape {
+            op: "relu",
+            shape: x.dims().to_vec(),
+            reason: "more elements than the GPU kernel's u32 count addresses".into(),
+        });
+    }
     let (grid, row_stride) = flat_grid(
         len,
         WORKGROUP,
