@@ -601,6 +601,7 @@ impl Model {
     /// correct count without reading them back.
     pub fn train_batch(&mut self, x: &[f32], y: &[u32]) -> Result<(Tensor, Tensor)> {
         let n = self.sample_count(x, Some(y))?;
+        self.check_batch(n)?;
         let indices: Vec<usize> = (0..n).collect();
         let xb = self.batch_tensor(x, &indices)?;
         let yb = Tensor::from_u32(vec![n], y.to_vec(), &self.device)?;
@@ -614,7 +615,7 @@ impl Model {
     /// toward label smoothing's uniform share alone. [`Model::train_batch`]
     /// and [`Model::train`] refuse such a label.
     pub fn train_tensors(&mut self, x: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
-        self.input_shape()?;
+        self.check_batch(x.dims()[0])?;
         self.train_step(x, labels)
     }
 
@@ -720,6 +721,32 @@ impl Model {
             0 => batch_size.min(n),
             rest => rest,
         };
+        match self.starved_batchnorm(last)? {
+            Some((i, values)) => Err(model_err(format!(
+                "{n} samples in batches of {batch_size} end in a batch of {last}, which gives \
+                 layer {i} (BatchNorm) {values} value(s) per channel; it needs at least 2 \
+                 (choose another batch size, or drop the odd sample)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// An error, before the step changes anything (BatchNorm's running
+    /// statistics included), where one batch of `batch` samples would give a
+    /// BatchNorm layer one value per channel.
+    fn check_batch(&self, batch: usize) -> Result<()> {
+        match self.starved_batchnorm(batch)? {
+            Some((i, values)) => Err(model_err(format!(
+                "a batch of {batch} gives layer {i} (BatchNorm) {values} value(s) per channel; \
+                 it needs at least 2"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The first BatchNorm layer, and its values per channel, that a batch of
+    /// `batch` samples gives fewer than 2.
+    fn starved_batchnorm(&self, batch: usize) -> Result<Option<(usize, usize)>> {
         let input = self.input_shape()?;
         for (i, layer) in self.layers.iter().enumerate() {
             if !matches!(layer.spec(), LayerSpec::BatchNorm { .. }) {
@@ -731,16 +758,11 @@ impl Model {
                 &self.output_shapes[i - 1]
             };
             let per_sample: usize = shape[..shape.len().saturating_sub(1)].iter().product();
-            if last * per_sample < 2 {
-                return Err(model_err(format!(
-                    "{n} samples in batches of {batch_size} end in a batch of {last}, which gives \
-                     layer {i} (BatchNorm) {} value(s) per channel; it needs at least 2 \
-                     (choose another batch size, or drop the odd sample)",
-                    last * per_sample
-                )));
+            if batch * per_sample < 2 {
+                return Ok(Some((i, batch * per_sample)));
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Trains on flat host data `x` (samples of the input shape) with class labels `y`.

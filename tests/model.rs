@@ -455,6 +455,43 @@ fn configuration_errors_are_clear() {
     );
     model.train(&x[..16], &[0, 1, 2, 0], &options).unwrap();
 
+    // One batch of one sample likewise, through train_batch and
+    // train_tensors: refused before the forward pass, so the BatchNorm in
+    // front (4 values a channel) keeps its running statistics.
+    let mut model = Model::new();
+    model.add(aether::nn::BatchNorm::new(0.9, 1e-3));
+    model.add(Flatten::default());
+    model.add(Dense::new(4));
+    model.add(aether::nn::BatchNorm::new(0.9, 1e-3));
+    model.add(Dense::new(3));
+    let mut model = common::ready_model(model, &Device::Cpu, &[2, 2, 1]);
+    let saved = |model: &Model, name: &str| {
+        let path = std::env::temp_dir().join(format!("aether-{name}-{}", std::process::id()));
+        model.save(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        bytes
+    };
+    let before = saved(&model, "bn-before");
+    let err = model.train_batch(&x[..4], &[1]).unwrap_err().to_string();
+    assert!(
+        err.contains("batch of 1") && err.contains("layer 3"),
+        "{err}"
+    );
+    let one = Tensor::from_f32(vec![1, 2, 2, 1], x[..4].to_vec(), &Device::Cpu).unwrap();
+    let label = Tensor::from_u32(vec![1], vec![1], &Device::Cpu).unwrap();
+    let err = model.train_tensors(&one, &label).unwrap_err().to_string();
+    assert!(err.contains("layer 3"), "{err}");
+    assert!(
+        before == saved(&model, "bn-after"),
+        "a refused step changed the model"
+    );
+    model.train_batch(&x[..8], &[1, 2]).unwrap();
+    assert!(
+        before != saved(&model, "bn-trained"),
+        "the step changed nothing"
+    );
+
     // Hyperparameters out of range (NaN included) are refused at finalize,
     // before they train NaNs or save a file whose JSON holds null.
     for (momentum, epsilon, needle) in [
