@@ -461,11 +461,8 @@ impl Model {
         for layer in &mut self.layers {
             layer.set_grad_outputs(Vec::new());
         }
-        if let Some(opt) = &self.optimizer {
-            let mut fresh = Adam::new(opt.learning_rate);
-            (fresh.beta1, fresh.beta2, fresh.epsilon, fresh.weight_decay) =
-                (opt.beta1, opt.beta2, opt.epsilon, opt.weight_decay);
-            self.optimizer = Some(fresh);
+        if let Some(opt) = &mut self.optimizer {
+            opt.forget_state();
         }
     }
 

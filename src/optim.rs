@@ -20,7 +20,7 @@ use std::sync::Arc;
 use bytemuck::{Pod, Zeroable};
 
 use crate::device::Device;
-use crate::error::{AetherError, Result};
+use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::tensor::{DType, Shape, Tensor, packed_offsets, view_offsets};
 
@@ -157,14 +157,18 @@ impl Adam {
                 self.weight_decay >= 0.0 && self.weight_decay.is_finite(),
             ),
         ];
-        match checks.into_iter().find(|check| !check.3) {
-            Some((name, value, expected, _)) => Err(AetherError::InvalidHyperparameter {
-                name,
-                value,
-                expected,
-            }),
-            None => Ok(()),
+        for (name, value, expected, valid) in checks {
+            check_hyperparameter(name, value, valid, expected)?;
         }
+        Ok(())
+    }
+
+    /// Drops the moments, their packed buffers and the step count, keeping
+    /// the hyperparameters: the next step starts afresh for the parameters
+    /// as they are then (rebuilt, or moved to another device).
+    pub(crate) fn forget_state(&mut self) {
+        self.steps = 0;
+        self.moments = None;
     }
 
     /// Steps taken so far.

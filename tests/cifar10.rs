@@ -352,7 +352,7 @@ fn smoke_args() -> Cifar10Args {
 }
 
 /// A batch size past the number of images trains them as one batch, without
-/// reserving room for the batch size's worth (2^40 images would be 12 PB).
+/// reserving room for the batch size's worth (2^40 images would be 12 PiB).
 #[test]
 fn run_takes_a_batch_size_larger_than_the_data() {
     let args = Cifar10Args {

@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use crate::conv::ConvVariant;
 use crate::device::Device;
-use crate::error::{AetherError, Result};
+use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::{DevicePreference, GpuOptions};
 use crate::model::{Loss, Metric, PendingLosses};
 use crate::ops::augment::random_crop_flip;
@@ -419,14 +419,8 @@ fn check_args(args: &Cifar10Args) -> Result<()> {
             "Cifar10Args {name} is 0: it must be at least 1"
         )));
     }
-    if !(args.lr.is_finite() && args.lr > 0.0) {
-        return Err(AetherError::InvalidHyperparameter {
-            name: "Cifar10Args lr",
-            value: args.lr,
-            expected: "finite and > 0",
-        });
-    }
-    Ok(())
+    let valid = args.lr.is_finite() && args.lr > 0.0;
+    check_hyperparameter("Cifar10Args lr", args.lr, valid, "finite and > 0")
 }
 
 fn count_value(name: &str, value: &str) -> Result<usize, String> {
