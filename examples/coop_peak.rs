@@ -1,0 +1,515 @@
+//! The ceilings the conv kernels work under: how many f16 x f16 -> f32
+//! cooperative-matrix multiply-adds a second this adapter runs through wgpu,
+//! with nothing else in the loop, then with the conv kernels' staging.
+//!
+//!     cargo run --release --example coop_peak -- [--rounds 2048] [--repeats 5] [--workgroups 1056]
+//!
+//! Each subgroup holds TM x TN accumulator tiles and runs `--rounds` rounds of
+//! multiply-adds on them, its operand tiles taken (see `Operands`)
+//! - from registers, loaded once before the loop: the matrix units alone;
+//! - from workgroup memory every round, in the conv kernels' layout and in
+//!   others: the inner loop of a kernel, without its barriers and global loads;
+//! - from the GEMM core's staged step: runs written to workgroup memory, two
+//!   barriers, and the runs fetched from global memory or made up in registers.
+//!
+//! Each line is the best of `--repeats` timed dispatches (timestamp queries
+//! around one compute pass) after one untimed. The table's TFLOP/s set the conv
+//! passes' own (`conv_passes`) against what each layer of the kernels allows
+//! (docs/perf-notes.md, entry 81).
+
+use std::time::Instant;
+
+use aether::gpu::{GpuContext, GpuOptions};
+use aether::{AetherError, Result};
+
+const USAGE: &str = "usage: coop_peak [--rounds N] [--repeats N] [--workgroups N]";
+/// Workgroups a dispatch, unless `--workgroups` says: 8 per compute unit of an
+/// H100 or H200 (132 units; wgpu does not report the count), which also fills
+/// smaller GPUs. `--workgroups 132` gives one a unit, as the v1 model's last
+/// conv has (128 blocks).
+const WORKGROUPS: u32 = 132 * 8;
+/// K slices the `workgroup` mode rotates through, so no load can be hoisted.
+const SLICES: u32 = 4;
+
+struct Args {
+    rounds: u32,
+    repeats: usize,
+    workgroups: u32,
+}
+
+impl Args {
+    fn parse() -> std::result::Result<Self, String> {
+        let mut args = Args {
+            rounds: 2048,
+            repeats: 5,
+            workgroups: WORKGROUPS,
+        };
+        let mut it = std::env::args().skip(1);
+        while let Some(flag) = it.next() {
+            let value = it.next().ok_or(format!("{flag} needs a value\n{USAGE}"))?;
+            let count: u32 = value
+                .parse()
+                .ok()
+                .filter(|&v| v > 0)
+                .ok_or(format!("{flag}: {value} is not a positive count\n{USAGE}"))?;
+            match flag.as_str() {
+                "--rounds" => args.rounds = count,
+                "--repeats" => args.repeats = count as usize,
+                "--workgroups" => args.workgroups = count,
+                _ => return Err(format!("unknown argument {flag}\n{USAGE}")),
+            }
+        }
+        Ok(args)
+    }
+}
+
+/// Where a subgroup's operand tiles come from each round.
+#[derive(Clone, Copy, PartialEq)]
+enum Operands {
+    /// Loaded once before the loop: the matrix units alone.
+    Registers,
+    /// Workgroup memory as f16, column-major tiles T halves apart.
+    F16Columns,
+    /// Workgroup memory as vec4<f16>, row-major tiles (`coopLoadT`) whose rows
+    /// are `padding` halves longer than a tile: the conv kernels' layout (their
+    /// staged rows are 8 halves longer than 32 or 64; at tile 16, padding 24
+    /// gives the halo kernel's 40-half rows).
+    Vec4Rows { padding: u32 },
+    /// The conv GEMM core's step (coop_gemm.wgsl, KT = 2): every round each
+    /// invocation writes its share of a BM x BK slice of A and a BK x BN slice
+    /// of B (runs of 8 halves) into workgroup memory, a barrier, the KT k-tiles
+    /// of loads and multiply-adds, a barrier. Its runs come from a 4 MiB buffer
+    /// (`global`, fetched a round ahead, as the core does) or are made up in
+    /// registers, which prices the staging rhythm without global loads.
+    Staged { global: bool },
+}
+
+/// The staged mode's k-tiles per round (the core's rule for the v1 convs).
+const STAGED_K_TILES: u32 = 2;
+/// Halves in the buffer the staged mode fetches from (4 MiB: it stays in L2,
+/// as the v1 convs' operands do).
+const STAGED_SOURCE: u32 = 2 << 20;
+
+impl Operands {
+    fn name(&self) -> String {
+        match self {
+            Operands::Registers => "registers".into(),
+            Operands::F16Columns => "f16 cols".into(),
+            Operands::Vec4Rows { padding } => format!("vec4 rows+{padding}"),
+            Operands::Staged { global: false } => "staged regs".into(),
+            Operands::Staged { global: true } => "staged global".into(),
+        }
+    }
+}
+
+/// One configuration: subgroups a workgroup, accumulator tiles a subgroup,
+/// and where its operands come from every round.
+#[derive(Clone, Copy)]
+struct Config {
+    subgroups: u32,
+    tiles: [u32; 2],
+    operands: Operands,
+}
+
+impl Config {
+    /// The kernel's WGSL for tile size `t` and subgroup size `lanes`.
+    fn source(&self, t: u32, lanes: u32) -> String {
+        if let Operands::Staged { global } = self.operands {
+            return self.staged_source(t, lanes, global);
+        }
+        let [tm, tn] = self.tiles;
+        let mat = format!("coop_mat{t}x{t}");
+        let count = tm + tn;
+        let threads = self.subgroups * lanes;
+        // A tile's size in stage elements, its row stride and its load.
+        let (element, tile, stride, load) = match self.operands {
+            Operands::Vec4Rows { padding } => {
+                let stride = (t + padding) / 4;
+                ("vec4<f16>", t * stride, stride, "coopLoadT")
+            }
+            _ => ("f16", t * t, t, "coopLoad"),
+        };
+        let fill = if element == "f16" {
+            "stage[i] = src[i % n];"
+        } else {
+            "let e = 4u * i; stage[i] = vec4<f16>(src[e % n], src[(e + 1u) % n], src[(e + 2u) % n], src[(e + 3u) % n]);"
+        };
+        let mut src = format!(
+            "enable f16;\nenable wgpu_cooperative_matrix;\n\
+             const T: u32 = {t}u;\nconst SG: u32 = {sg}u;\n\
+             const TILE: u32 = {tile}u;\nconst SLICE: u32 = {count}u * TILE;\n\
+             @group(0) @binding(0) var<storage, read> src: array<f16>;\n\
+             @group(0) @binding(1) var<storage, read_write> dst: array<f32>;\n\
+             var<workgroup> stage: array<{element}, {SLICES}u * SLICE>;\n\
+             override ROUNDS: u32;\n\
+             @compute @workgroup_size({threads})\n\
+             fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32,\n\
+                     @builtin(subgroup_id) sg: u32) {{\n\
+             \x20   let n = arrayLength(&src);\n\
+             \x20   for (var i = lidx; i < {SLICES}u * SLICE; i += {threads}u) {{ {fill} }}\n\
+             \x20   workgroupBarrier();\n",
+            sg = self.subgroups,
+        );
+        for o in 0..count {
+            let role = if o < tm { "A" } else { "B" };
+            src +=
+                &format!("    var op_{o} = coopLoad<{mat}<f16, {role}>>(&src[{o}u * T * T], T);\n");
+        }
+        for i in 0..tm {
+            for j in 0..tn {
+                src += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
+            }
+        }
+        src += "    for (var round = 0u; round < ROUNDS; round++) {\n";
+        if self.operands != Operands::Registers {
+            src += &format!("        let slice = (round % {SLICES}u) * SLICE;\n");
+            for o in 0..count {
+                let role = if o < tm { "A" } else { "B" };
+                src += &format!(
+                    "        op_{o} = {load}<{mat}<f16, {role}>>(&stage[slice + {o}u * TILE], {stride}u);\n"
+                );
+            }
+        }
+        for i in 0..tm {
+            for j in 0..tn {
+                let b = tm + j;
+                src += &format!(
+                    "        acc_{i}_{j} = coopMultiplyAdd(op_{i}, op_{b}, acc_{i}_{j});\n"
+                );
+            }
+        }
+        src += &format!(
+            "    }}\n    let tile0 = ((wid.x * SG + sg) * {}u) * T * T;\n",
+            tm * tn
+        );
+        for i in 0..tm {
+            for j in 0..tn {
+                let index = i * tn + j;
+                src += &format!("    coopStore(acc_{i}_{j}, &dst[tile0 + {index}u * T * T], T);\n");
+            }
+        }
+        src += "}\n";
+        src
+    }
+
+    /// The staged mode's WGSL: the GEMM core's step on a block of
+    /// `subgroups / 4 x 4` subgroups (A and B staged row-major with 8 halves of
+    /// padding, loaded with `coopLoadT`, as the core stages the forward's).
+    fn staged_source(&self, t: u32, lanes: u32, global: bool) -> String {
+        let [tm, tn] = self.tiles;
+        let mat = format!("coop_mat{t}x{t}");
+        let mut src = format!(
+            "enable f16;\nenable wgpu_cooperative_matrix;\n\
+             alias Run = array<vec4<f16>, 2>;\n\
+             const T: u32 = {t}u;\nconst SG_M: u32 = {sg_m}u;\nconst SG_N: u32 = 4u;\n\
+             const TM: u32 = {tm}u;\nconst TN: u32 = {tn}u;\nconst KT: u32 = {STAGED_K_TILES}u;\n\
+             const GLOBAL: bool = {global};\n\
+             const BM: u32 = SG_M * TM * T;\nconst BN: u32 = SG_N * TN * T;\nconst BK: u32 = KT * T;\n\
+             const THREADS: u32 = {threads}u;\n\
+             const LDA: u32 = BK / 4u + 2u;\nconst LDB: u32 = BN / 4u + 2u;\n\
+             const A_GROUPS: u32 = BM * BK / 8u;\nconst B_GROUPS: u32 = BK * BN / 8u;\n\
+             const A_SLOTS: u32 = (A_GROUPS + THREADS - 1u) / THREADS;\n\
+             const B_SLOTS: u32 = (B_GROUPS + THREADS - 1u) / THREADS;\n\
+             @group(0) @binding(0) var<storage, read> src: array<vec4<f16>>;\n\
+             @group(0) @binding(1) var<storage, read_write> dst: array<f32>;\n\
+             var<workgroup> stage_a: array<vec4<f16>, BM * LDA>;\n\
+             var<workgroup> stage_b: array<vec4<f16>, BK * LDB>;\n\
+             override ROUNDS: u32;\n",
+            sg_m = self.subgroups / 4,
+            threads = self.subgroups * lanes,
+        );
+        src += r#"
+// Run g of this round's slices: from the source buffer, consecutive runs for
+// consecutive invocations, or made up from the round.
+fn fetch(round: u32, g: u32, wid: u32) -> Run {
+    if (GLOBAL) {
+        let q = ((wid * ROUNDS + round) * (A_GROUPS + B_GROUPS) + g) * 2u % arrayLength(&src);
+        return Run(src[q], src[q + 1u]);
+    }
+    let v = f16(round & 7u) * 0.125h;
+    return Run(vec4<f16>(v), vec4<f16>(v));
+}
+
+@compute @workgroup_size(THREADS)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32,
+        @builtin(subgroup_id) sg: u32) {
+    let sub_row = (sg / SG_N) * TM * T;
+    let sub_col = (sg % SG_N) * TN * T;
+    var regs_a: array<Run, A_SLOTS>;
+    var regs_b: array<Run, B_SLOTS>;
+    for (var s = 0u; s < A_SLOTS; s++) { regs_a[s] = fetch(0u, lidx + s * THREADS, wid.x); }
+    for (var s = 0u; s < B_SLOTS; s++) { regs_b[s] = fetch(0u, A_GROUPS + lidx + s * THREADS, wid.x); }
+"#;
+        for i in 0..tm {
+            for j in 0..tn {
+                src += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
+            }
+        }
+        src += r#"    for (var round = 0u; round < ROUNDS; round++) {
+        for (var s = 0u; s < A_SLOTS; s++) {
+            let g = lidx + s * THREADS;
+            if (g < A_GROUPS) {
+                let slot = (g / (BK / 8u)) * LDA + (g % (BK / 8u)) * 2u;
+                stage_a[slot] = regs_a[s][0];
+                stage_a[slot + 1u] = regs_a[s][1];
+            }
+        }
+        for (var s = 0u; s < B_SLOTS; s++) {
+            let g = lidx + s * THREADS;
+            if (g < B_GROUPS) {
+                let slot = (g / (BN / 8u)) * LDB + (g % (BN / 8u)) * 2u;
+                stage_b[slot] = regs_b[s][0];
+                stage_b[slot + 1u] = regs_b[s][1];
+            }
+        }
+        workgroupBarrier();
+        for (var s = 0u; s < A_SLOTS; s++) { regs_a[s] = fetch(round + 1u, lidx + s * THREADS, wid.x); }
+        for (var s = 0u; s < B_SLOTS; s++) { regs_b[s] = fetch(round + 1u, A_GROUPS + lidx + s * THREADS, wid.x); }
+        for (var kk = 0u; kk < BK; kk += T) {
+"#;
+        for i in 0..tm {
+            src += &format!(
+                "            let a_{i} = coopLoadT<{mat}<f16, A>>(&stage_a[(sub_row + {i}u * T) * LDA + kk / 4u], LDA);\n"
+            );
+        }
+        for j in 0..tn {
+            src += &format!(
+                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&stage_b[kk * LDB + (sub_col + {j}u * T) / 4u], LDB);\n"
+            );
+        }
+        for i in 0..tm {
+            for j in 0..tn {
+                src += &format!(
+                    "            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n"
+                );
+            }
+        }
+        src += "        }\n        workgroupBarrier();\n    }\n";
+        src += &format!(
+            "    let tile0 = ((wid.x * {}u + sg) * {}u) * T * T;\n",
+            self.subgroups,
+            tm * tn
+        );
+        for i in 0..tm {
+            for j in 0..tn {
+                let index = i * tn + j;
+                src += &format!("    coopStore(acc_{i}_{j}, &dst[tile0 + {index}u * T * T], T);\n");
+            }
+        }
+        src += "}\n";
+        src
+    }
+
+    fn flops(&self, t: u32, rounds: u32, workgroups: u32) -> f64 {
+        let [tm, tn] = self.tiles;
+        let k_tiles = match self.operands {
+            Operands::Staged { .. } => STAGED_K_TILES,
+            _ => 1,
+        };
+        f64::from(workgroups)
+            * f64::from(self.subgroups * tm * tn * k_tiles)
+            * f64::from(rounds)
+            * 2.0
+            * f64::from(t).powi(3)
+    }
+}
+
+fn gpu_error(message: String) -> AetherError {
+    AetherError::Gpu {
+        during: "coop_peak",
+        message,
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2);
+    });
+    let ctx = GpuContext::new(&GpuOptions::from_env()?)?
+        .ok_or_else(|| gpu_error("no GPU adapter".into()))?;
+    let caps = ctx.caps();
+    println!("{}", caps.describe());
+    let t = caps.coop_f16_f32_tile().ok_or_else(|| {
+        gpu_error("the adapter has no f16 x f16 -> f32 cooperative matrix".into())
+    })?;
+    let lanes = match caps.subgroup_size {
+        Some((min, max)) if min == max => max,
+        other => return Err(gpu_error(format!("subgroup size {other:?} is not fixed"))),
+    };
+    if !caps.timestamps {
+        return Err(gpu_error("the adapter has no timestamp queries".into()));
+    }
+    println!(
+        "{} workgroups, {} rounds, best of {}",
+        args.workgroups, args.rounds, args.repeats
+    );
+    println!(
+        "{:<13} {:>9} {:>6} {:>10} {:>9}",
+        "operands", "subgroups", "tiles", "ms", "TFLOP/s"
+    );
+    let device = ctx.device();
+    let values: Vec<half::f16> = (0..STAGED_SOURCE)
+        .map(|i| half::f16::from_f32(((i * 37 % 101) as f32 - 50.0) / 400.0))
+        .collect();
+    let src = wgpu::util::DeviceExt::create_buffer_init(
+        device,
+        &wgpu::util::BufferInitDescriptor {
+            label: Some("coop_peak operands"),
+            contents: bytemuck::cast_slice(&values),
+            usage: wgpu::BufferUsages::STORAGE,
+        },
+    );
+    let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some("coop_peak timestamps"),
+        ty: wgpu::QueryType::Timestamp,
+        count: 2,
+    });
+    let resolved = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("coop_peak resolved"),
+        size: 16,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let readback = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("coop_peak readback"),
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let period = f64::from(ctx.queue().get_timestamp_period());
+    for config in configs() {
+        let Config {
+            subgroups, tiles, ..
+        } = config;
+        let dst = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("coop_peak accumulators"),
+            size: u64::from(args.workgroups * subgroups * tiles[0] * tiles[1] * t * t * 4),
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let source = config.source(t, lanes);
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        // SAFETY: the kernel's loops are bounded by constants; only loop
+        // bounding is off, as in aether's own pipelines.
+        let module = unsafe {
+            device.create_shader_module_trusted(
+                wgpu::ShaderModuleDescriptor {
+                    label: Some("coop_peak"),
+                    source: wgpu::ShaderSource::Wgsl(source.into()),
+                },
+                wgpu::ShaderRuntimeChecks {
+                    force_loop_bounding: false,
+                    ..wgpu::ShaderRuntimeChecks::checked()
+                },
+            )
+        };
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("coop_peak"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &[("ROUNDS", f64::from(args.rounds))],
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            println!("{subgroups} x {tiles:?}: does not build: {e}");
+            continue;
+        }
+        let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("coop_peak"),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: src.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: dst.as_entire_binding(),
+                },
+            ],
+        });
+        let mut best = f64::INFINITY;
+        for repeat in 0..=args.repeats {
+            let mut encoder = device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("coop_peak"),
+                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                        query_set: &queries,
+                        beginning_of_pass_write_index: Some(0),
+                        end_of_pass_write_index: Some(1),
+                    }),
+                });
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &bind_group, &[]);
+                pass.dispatch_workgroups(args.workgroups, 1, 1);
+            }
+            encoder.resolve_query_set(&queries, 0..2, &resolved, 0);
+            encoder.copy_buffer_to_buffer(&resolved, 0, &readback, 0, 16);
+            ctx.queue().submit([encoder.finish()]);
+            readback.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+            let started = Instant::now();
+            device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| gpu_error(e.to_string()))?;
+            let stamps: [u64; 2] = {
+                let view = readback
+                    .slice(..)
+                    .get_mapped_range()
+                    .map_err(|e| gpu_error(e.to_string()))?;
+                bytemuck::pod_read_unaligned(&view[..16])
+            };
+            readback.unmap();
+            let ms = stamps[1].saturating_sub(stamps[0]) as f64 * period / 1e6;
+            if repeat > 0 && ms > 0.0 {
+                best = best.min(ms);
+            }
+            if started.elapsed().as_secs() > 10 {
+                break;
+            }
+        }
+        println!(
+            "{:<13} {:>9} {:>6} {:>10.4} {:>9.2}",
+            config.operands.name(),
+            subgroups,
+            format!("{}x{}", tiles[0], tiles[1]),
+            best,
+            config.flops(t, args.rounds, args.workgroups) / best / 1e9
+        );
+    }
+    ctx.check_faults("coop_peak")
+}
+
+/// Each operand source with 8 and 16 subgroups of 1 to 16 tiles, less 16
+/// subgroups of 4 x 4 tiles: 160 registers an invocation, which spill.
+fn configs() -> Vec<Config> {
+    let sources = [
+        Operands::Registers,
+        Operands::F16Columns,
+        Operands::Vec4Rows { padding: 0 },
+        Operands::Vec4Rows { padding: 8 },
+        Operands::Vec4Rows { padding: 24 },
+        Operands::Staged { global: false },
+        Operands::Staged { global: true },
+    ];
+    let mut configs = Vec::new();
+    for operands in sources {
+        for subgroups in [8, 16] {
+            for tiles in [[1, 1], [2, 2], [2, 4], [4, 4]] {
+                if subgroups * tiles[0] * tiles[1] <= 128 {
+                    configs.push(Config {
+                        subgroups,
+                        tiles,
+                        operands,
+                    });
+                }
+            }
+        }
+    }
+    configs
+}
