@@ -75,17 +75,23 @@ enum Operands {
     /// staged rows are 8 halves longer than 32 or 64; at tile 16, padding 24
     /// gives the halo kernel's 40-half rows).
     Vec4Rows { padding: u32 },
-    /// The conv GEMM core's step (coop_gemm.wgsl, KT = 2): every round each
-    /// invocation writes its share of a BM x BK slice of A and a BK x BN slice
-    /// of B (runs of 8 halves) into workgroup memory, a barrier, the KT k-tiles
-    /// of loads and multiply-adds, a barrier. Its runs come from a 4 MiB buffer
-    /// (`global`, fetched a round ahead, as the core does) or are made up in
-    /// registers, which prices the staging rhythm without global loads.
-    Staged { global: bool },
+    /// The conv GEMM core's step (coop_gemm.wgsl): runs staged in workgroup
+    /// memory, barriers, then the step's loads and multiply-adds.
+    Staged(Staged),
 }
 
-/// The staged mode's k-tiles per round (the core's rule for the v1 convs).
-const STAGED_K_TILES: u32 = 2;
+/// The staged mode: every round each invocation writes its share of a BM x
+/// BK slice of A and a BK x BN slice of B (runs of 8 halves) into workgroup
+/// memory, a barrier, the subgroups multiply the `k_tiles` k-tiles staged, a
+/// barrier: the core's rhythm. Its runs come from a 4 MiB buffer (`global`,
+/// fetched a round ahead, as the core does) or are made up in registers,
+/// which prices the staging alone.
+#[derive(Clone, Copy, PartialEq)]
+struct Staged {
+    global: bool,
+    k_tiles: u32,
+}
+
 /// Halves in the buffer the staged mode fetches from (4 MiB: it stays in L2,
 /// as the v1 convs' operands do).
 const STAGED_SOURCE: u32 = 2 << 20;
@@ -96,8 +102,10 @@ impl Operands {
             Operands::Registers => "registers".into(),
             Operands::F16Columns => "f16 cols".into(),
             Operands::Vec4Rows { padding } => format!("vec4 rows+{padding}"),
-            Operands::Staged { global: false } => "staged regs".into(),
-            Operands::Staged { global: true } => "staged global".into(),
+            Operands::Staged(Staged { global, k_tiles }) => format!(
+                "staged {} k{k_tiles}",
+                if *global { "global" } else { "regs" }
+            ),
         }
     }
 }
@@ -114,8 +122,8 @@ struct Config {
 impl Config {
     /// The kernel's WGSL for tile size `t` and subgroup size `lanes`.
     fn source(&self, t: u32, lanes: u32) -> String {
-        if let Operands::Staged { global } = self.operands {
-            return self.staged_source(t, lanes, global);
+        if let Operands::Staged(staged) = self.operands {
+            return self.staged_source(t, lanes, staged);
         }
         let [tm, tn] = self.tiles;
         let mat = format!("coop_mat{t}x{t}");
@@ -194,26 +202,29 @@ impl Config {
 
     /// The staged mode's WGSL: the GEMM core's step on a block of
     /// `subgroups / 4 x 4` subgroups (A and B staged row-major with 8 halves of
-    /// padding, loaded with `coopLoadT`, as the core stages the forward's).
-    fn staged_source(&self, t: u32, lanes: u32, global: bool) -> String {
+    /// padding, loaded with `coopLoadT`, as the core stages the forward's),
+    /// `k_tiles` deep.
+    fn staged_source(&self, t: u32, lanes: u32, staged: Staged) -> String {
         let [tm, tn] = self.tiles;
         let mat = format!("coop_mat{t}x{t}");
+        let Staged { global, k_tiles } = staged;
         let mut src = format!(
             "enable f16;\nenable wgpu_cooperative_matrix;\n\
              alias Run = array<vec4<f16>, 2>;\n\
              const T: u32 = {t}u;\nconst SG_M: u32 = {sg_m}u;\nconst SG_N: u32 = 4u;\n\
-             const TM: u32 = {tm}u;\nconst TN: u32 = {tn}u;\nconst KT: u32 = {STAGED_K_TILES}u;\n\
+             const TM: u32 = {tm}u;\nconst TN: u32 = {tn}u;\nconst KT: u32 = {k_tiles}u;\n\
              const GLOBAL: bool = {global};\n\
              const BM: u32 = SG_M * TM * T;\nconst BN: u32 = SG_N * TN * T;\nconst BK: u32 = KT * T;\n\
              const THREADS: u32 = {threads}u;\n\
              const LDA: u32 = BK / 4u + 2u;\nconst LDB: u32 = BN / 4u + 2u;\n\
+             const A_SIZE: u32 = BM * LDA;\nconst B_SIZE: u32 = BK * LDB;\n\
              const A_GROUPS: u32 = BM * BK / 8u;\nconst B_GROUPS: u32 = BK * BN / 8u;\n\
              const A_SLOTS: u32 = (A_GROUPS + THREADS - 1u) / THREADS;\n\
              const B_SLOTS: u32 = (B_GROUPS + THREADS - 1u) / THREADS;\n\
              @group(0) @binding(0) var<storage, read> src: array<vec4<f16>>;\n\
              @group(0) @binding(1) var<storage, read_write> dst: array<f32>;\n\
-             var<workgroup> stage_a: array<vec4<f16>, BM * LDA>;\n\
-             var<workgroup> stage_b: array<vec4<f16>, BK * LDB>;\n\
+             var<workgroup> stage_a: array<vec4<f16>, A_SIZE>;\n\
+             var<workgroup> stage_b: array<vec4<f16>, B_SIZE>;\n\
              override ROUNDS: u32;\n",
             sg_m = self.subgroups / 4,
             threads = self.subgroups * lanes,
@@ -230,6 +241,33 @@ fn fetch(round: u32, g: u32, wid: u32) -> Run {
     return Run(vec4<f16>(v), vec4<f16>(v));
 }
 
+fn fetch_all(regs_a: ptr<function, array<Run, A_SLOTS>>, regs_b: ptr<function, array<Run, B_SLOTS>>,
+             round: u32, lidx: u32, wid: u32) {
+    for (var s = 0u; s < A_SLOTS; s++) { (*regs_a)[s] = fetch(round, lidx + s * THREADS, wid); }
+    for (var s = 0u; s < B_SLOTS; s++) { (*regs_b)[s] = fetch(round, A_GROUPS + lidx + s * THREADS, wid); }
+}
+
+// Writes this invocation's runs into the staged slices.
+fn stage(regs_a: ptr<function, array<Run, A_SLOTS>>, regs_b: ptr<function, array<Run, B_SLOTS>>,
+         lidx: u32) {
+    for (var s = 0u; s < A_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        if (g < A_GROUPS) {
+            let slot = (g / (BK / 8u)) * LDA + (g % (BK / 8u)) * 2u;
+            stage_a[slot] = (*regs_a)[s][0];
+            stage_a[slot + 1u] = (*regs_a)[s][1];
+        }
+    }
+    for (var s = 0u; s < B_SLOTS; s++) {
+        let g = lidx + s * THREADS;
+        if (g < B_GROUPS) {
+            let slot = (g / (BN / 8u)) * LDB + (g % (BN / 8u)) * 2u;
+            stage_b[slot] = (*regs_b)[s][0];
+            stage_b[slot + 1u] = (*regs_b)[s][1];
+        }
+    }
+}
+
 @compute @workgroup_size(THREADS)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32,
         @builtin(subgroup_id) sg: u32) {
@@ -237,54 +275,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sub_col = (sg % SG_N) * TN * T;
     var regs_a: array<Run, A_SLOTS>;
     var regs_b: array<Run, B_SLOTS>;
-    for (var s = 0u; s < A_SLOTS; s++) { regs_a[s] = fetch(0u, lidx + s * THREADS, wid.x); }
-    for (var s = 0u; s < B_SLOTS; s++) { regs_b[s] = fetch(0u, A_GROUPS + lidx + s * THREADS, wid.x); }
+    fetch_all(&regs_a, &regs_b, 0u, lidx, wid.x);
 "#;
         for i in 0..tm {
             for j in 0..tn {
                 src += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
             }
         }
-        src += r#"    for (var round = 0u; round < ROUNDS; round++) {
-        for (var s = 0u; s < A_SLOTS; s++) {
-            let g = lidx + s * THREADS;
-            if (g < A_GROUPS) {
-                let slot = (g / (BK / 8u)) * LDA + (g % (BK / 8u)) * 2u;
-                stage_a[slot] = regs_a[s][0];
-                stage_a[slot + 1u] = regs_a[s][1];
-            }
-        }
-        for (var s = 0u; s < B_SLOTS; s++) {
-            let g = lidx + s * THREADS;
-            if (g < B_GROUPS) {
-                let slot = (g / (BN / 8u)) * LDB + (g % (BN / 8u)) * 2u;
-                stage_b[slot] = regs_b[s][0];
-                stage_b[slot + 1u] = regs_b[s][1];
-            }
-        }
-        workgroupBarrier();
-        for (var s = 0u; s < A_SLOTS; s++) { regs_a[s] = fetch(round + 1u, lidx + s * THREADS, wid.x); }
-        for (var s = 0u; s < B_SLOTS; s++) { regs_b[s] = fetch(round + 1u, A_GROUPS + lidx + s * THREADS, wid.x); }
-        for (var kk = 0u; kk < BK; kk += T) {
-"#;
+        let mut multiply = String::from("        for (var kk = 0u; kk < BK; kk += T) {\n");
         for i in 0..tm {
-            src += &format!(
+            multiply += &format!(
                 "            let a_{i} = coopLoadT<{mat}<f16, A>>(&stage_a[(sub_row + {i}u * T) * LDA + kk / 4u], LDA);\n"
             );
         }
         for j in 0..tn {
-            src += &format!(
+            multiply += &format!(
                 "            let b_{j} = coopLoadT<{mat}<f16, B>>(&stage_b[kk * LDB + (sub_col + {j}u * T) / 4u], LDB);\n"
             );
         }
-        for i in 0..tm {
-            for j in 0..tn {
-                src += &format!(
-                    "            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n"
-                );
-            }
-        }
-        src += "        }\n        workgroupBarrier();\n    }\n";
+        multiply += &multiply_adds(tm, tn);
+        multiply += "        }\n";
+        src += "    for (var round = 0u; round < ROUNDS; round++) {\n\
+                 \x20       stage(&regs_a, &regs_b, lidx);\n\
+                 \x20       workgroupBarrier();\n\
+                 \x20       fetch_all(&regs_a, &regs_b, round + 1u, lidx, wid.x);\n";
+        src += &multiply;
+        src += "        workgroupBarrier();\n    }\n";
         src += &format!(
             "    let tile0 = ((wid.x * {}u + sg) * {}u) * T * T;\n",
             self.subgroups,
@@ -303,7 +319,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     fn flops(&self, t: u32, rounds: u32, workgroups: u32) -> f64 {
         let [tm, tn] = self.tiles;
         let k_tiles = match self.operands {
-            Operands::Staged { .. } => STAGED_K_TILES,
+            Operands::Staged(staged) => staged.k_tiles,
             _ => 1,
         };
         f64::from(workgroups)
@@ -345,7 +361,7 @@ fn main() -> Result<()> {
         args.workgroups, args.rounds, args.repeats
     );
     println!(
-        "{:<13} {:>9} {:>6} {:>10} {:>9}",
+        "{:<16} {:>9} {:>6} {:>10} {:>9}",
         "operands", "subgroups", "tiles", "ms", "TFLOP/s"
     );
     let device = ctx.device();
@@ -474,7 +490,7 @@ fn main() -> Result<()> {
             }
         }
         println!(
-            "{:<13} {:>9} {:>6} {:>10.4} {:>9.2}",
+            "{:<16} {:>9} {:>6} {:>10.4} {:>9.2}",
             config.operands.name(),
             subgroups,
             format!("{}x{}", tiles[0], tiles[1]),
@@ -485,8 +501,12 @@ fn main() -> Result<()> {
     ctx.check_faults("coop_peak")
 }
 
-/// Each operand source with 8 and 16 subgroups of 1 to 16 tiles, less 16
-/// subgroups of 4 x 4 tiles: 160 registers an invocation, which spill.
+/// Each unstaged operand source with 8 and 16 subgroups of 1 to 16 tiles,
+/// less 16 subgroups of 4 x 4 tiles (160 registers an invocation, which
+/// spill); the staged step fed both ways, 2 k-tiles deep on the core's blocks
+/// for the v1 convs (16 subgroups of 2 x 2 tiles) and for wide GEMMs (16 of
+/// 2 x 4) and on 8 subgroups of 4 x 4, and 4 deep on the first. (4 deep on 16
+/// subgroups of 2 x 4 tiles ran for minutes on an H100: it spills.)
 fn configs() -> Vec<Config> {
     let sources = [
         Operands::Registers,
@@ -494,8 +514,6 @@ fn configs() -> Vec<Config> {
         Operands::Vec4Rows { padding: 0 },
         Operands::Vec4Rows { padding: 8 },
         Operands::Vec4Rows { padding: 24 },
-        Operands::Staged { global: false },
-        Operands::Staged { global: true },
     ];
     let mut configs = Vec::new();
     for operands in sources {
@@ -511,5 +529,31 @@ fn configs() -> Vec<Config> {
             }
         }
     }
+    for global in [false, true] {
+        for (subgroups, tiles, k_tiles) in [
+            (16, [2, 2], 2),
+            (16, [2, 4], 2),
+            (8, [4, 4], 2),
+            (16, [2, 2], 4),
+        ] {
+            configs.push(Config {
+                subgroups,
+                tiles,
+                operands: Operands::Staged(Staged { global, k_tiles }),
+            });
+        }
+    }
     configs
+}
+
+/// `acc_i_j = coopMultiplyAdd(a_i, b_j, acc_i_j)` for every tile.
+fn multiply_adds(tm: u32, tn: u32) -> String {
+    let mut out = String::new();
+    for i in 0..tm {
+        for j in 0..tn {
+            out +=
+                &format!("            acc_{i}_{j} = coopMultiplyAdd(a_{i}, b_{j}, acc_{i}_{j});\n");
+        }
+    }
+    out
 }
