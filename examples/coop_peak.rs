@@ -144,7 +144,7 @@ impl Config {
         };
         let mut src = format!(
             "enable f16;\nenable wgpu_cooperative_matrix;\n\
-             const T: u32 = {t}u;\nconst SG: u32 = {sg}u;\n\
+             const T: u32 = {t}u;\n\
              const TILE: u32 = {tile}u;\nconst SLICE: u32 = {count}u * TILE;\n\
              @group(0) @binding(0) var<storage, read> src: array<f16>;\n\
              @group(0) @binding(1) var<storage, read_write> dst: array<f32>;\n\
@@ -156,7 +156,6 @@ impl Config {
              \x20   let n = arrayLength(&src);\n\
              \x20   for (var i = lidx; i < {SLICES}u * SLICE; i += {threads}u) {{ {fill} }}\n\
              \x20   workgroupBarrier();\n",
-            sg = self.subgroups,
         );
         for o in 0..count {
             let role = if o < tm { "A" } else { "B" };
@@ -186,17 +185,8 @@ impl Config {
                 );
             }
         }
-        src += &format!(
-            "    }}\n    let tile0 = ((wid.x * SG + sg) * {}u) * T * T;\n",
-            tm * tn
-        );
-        for i in 0..tm {
-            for j in 0..tn {
-                let index = i * tn + j;
-                src += &format!("    coopStore(acc_{i}_{j}, &dst[tile0 + {index}u * T * T], T);\n");
-            }
-        }
-        src += "}\n";
+        src += "    }\n";
+        src += &self.stores();
         src
     }
 
@@ -301,7 +291,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                  \x20       fetch_all(&regs_a, &regs_b, round + 1u, lidx, wid.x);\n";
         src += &multiply;
         src += "        workgroupBarrier();\n    }\n";
-        src += &format!(
+        src += &self.stores();
+        src
+    }
+
+    /// The kernel's end: each subgroup's accumulators stored to its own tiles
+    /// of `dst`, so no multiply-add can be left out.
+    fn stores(&self) -> String {
+        let [tm, tn] = self.tiles;
+        let mut src = format!(
             "    let tile0 = ((wid.x * {}u + sg) * {}u) * T * T;\n",
             self.subgroups,
             tm * tn
@@ -312,8 +310,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 src += &format!("    coopStore(acc_{i}_{j}, &dst[tile0 + {index}u * T * T], T);\n");
             }
         }
-        src += "}\n";
-        src
+        src + "}\n"
     }
 
     fn flops(&self, t: u32, rounds: u32, workgroups: u32) -> f64 {
