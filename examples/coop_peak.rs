@@ -503,7 +503,7 @@ fn main() -> Result<()> {
 /// spill); the staged step fed both ways, 2 k-tiles deep on the core's blocks
 /// for the v1 convs (16 subgroups of 2 x 2 tiles) and for wide GEMMs (16 of
 /// 2 x 4) and on 8 subgroups of 4 x 4, and 4 deep on the first. (4 deep on 16
-/// subgroups of 2 x 4 tiles ran for minutes on an H100: it spills.)
+/// subgroups of 2 x 4 tiles ran for minutes on an H100, presumably spilling.)
 fn configs() -> Vec<Config> {
     let sources = [
         Operands::Registers,
