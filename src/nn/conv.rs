@@ -347,9 +347,9 @@ impl Layer for Conv2d {
     }
 }
 
-/// A fully connected layer `[N, in] -> [N, units]`, run as a 1x1 convolution.
-/// A fully connected layer: a 1 x 1 conv over one pixel of features, whose
-/// filters are its units (one count, so the two cannot disagree).
+/// A fully connected layer `[N, in] -> [N, units]`, run as a 1x1 convolution
+/// over one pixel of features, whose filters are its units (one count, so the
+/// two cannot disagree).
 pub struct Dense {
     conv: Conv2d,
 }

@@ -127,14 +127,7 @@ pub(crate) fn check_operands(op: &'static str, operands: &[&Tensor]) -> Result<(
             });
         }
     }
-    if u32::try_from(first.numel()).is_err() {
-        return Err(AetherError::InvalidShape {
-            op,
-            shape: first.dims().to_vec(),
-            reason: "more elements than a u32 index can address".into(),
-        });
-    }
-    Ok(())
+    super::require_u32_elements(op, first)
 }
 
 /// The compiled pipeline for `kernel` (entry point `entry` of `source`).

@@ -523,7 +523,6 @@ pub(crate) fn backward_into(
     Ok((dx, dgamma, dbeta))
 }
 
-/// `x` seen as `rows` rows of `channels` values.
 /// `eps` must be finite and positive: 0 divides by a zero variance, NaN or
 /// a negative one takes the square root of less than 0.
 pub(crate) fn check_epsilon(eps: f32) -> Result<()> {
@@ -537,6 +536,7 @@ pub(crate) fn check_momentum(momentum: f32) -> Result<()> {
     check_hyperparameter("BatchNorm momentum", momentum, valid, "in [0, 1]")
 }
 
+/// `x` seen as `rows` rows of `channels` values.
 #[derive(Clone, Copy)]
 struct Layout {
     channels: usize,
@@ -546,12 +546,8 @@ struct Layout {
 impl Layout {
     fn of(op: &'static str, x: &Tensor) -> Result<Self> {
         require_f32(op, x)?;
-        if x.host_f32().is_none() && u32::try_from(x.numel()).is_err() {
-            return Err(AetherError::InvalidShape {
-                op,
-                shape: x.dims().to_vec(),
-                reason: "more elements than the GPU kernels' u32 indices address".into(),
-            });
+        if x.host_f32().is_none() {
+            super::require_u32_elements(op, x)?;
         }
         match x.dims() {
             [.., _, channels] => Ok(Self {

@@ -394,9 +394,7 @@ fn matrix(op: &'static str, t: &Tensor) -> Result<(usize, usize)> {
     let &[rows, classes] = t.dims() else {
         return Err(invalid("expected rank 2 (N, K)".into()));
     };
-    if u32::try_from(t.numel()).is_err() {
-        return Err(invalid("more than u32::MAX elements".into()));
-    }
+    super::require_u32_elements(op, t)?;
     Ok((rows, classes))
 }
 

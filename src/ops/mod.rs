@@ -9,3 +9,19 @@ pub mod pool;
 mod relu;
 
 pub use relu::relu;
+
+use crate::error::{AetherError, Result};
+use crate::tensor::Tensor;
+
+/// The GPU kernels count and index a tensor's elements in u32: one with more
+/// is refused (reachable only where the binding limit passes 16 GiB).
+pub(crate) fn require_u32_elements(op: &'static str, t: &Tensor) -> Result<()> {
+    if u32::try_from(t.numel()).is_err() {
+        return Err(AetherError::InvalidShape {
+            op,
+            shape: t.dims().to_vec(),
+            reason: "more elements than a u32 index can address".into(),
+        });
+    }
+    Ok(())
+}

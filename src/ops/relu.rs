@@ -2,7 +2,7 @@
 
 use rayon::prelude::*;
 
-use crate::error::{AetherError, Result};
+use crate::error::Result;
 use crate::gpu::{PipelineKey, flat_grid};
 use crate::tensor::{DType, Tensor};
 
@@ -22,6 +22,7 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
             .collect();
         return Tensor::from_f32(x.dims().to_vec(), out, &x.device());
     }
+    super::require_u32_elements("relu", x)?;
     let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
     let pipeline =
         ctx.pipelines()
@@ -30,13 +31,6 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
             })?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F32)?;
     let len = x.numel();
-    if u32::try_from(len).is_err() {
-        return Err(AetherError::InvalidShape {
-            op: "relu",
-            shape: x.dims().to_vec(),
-            reason: "more elements than the GPU kernel's u32 count addresses".into(),
-        });
-    }
     let (grid, row_stride) = flat_grid(
         len,
         WORKGROUP,
