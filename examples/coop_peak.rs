@@ -13,13 +13,14 @@
 //!   barriers, and the runs fetched from global memory or made up in registers.
 //!
 //! Each line is the best of `--repeats` timed dispatches (timestamp queries
-//! around one compute pass) after one untimed. The table's TFLOP/s set the conv
+//! around one compute pass, `GpuContext::timed_span`) after one untimed; the
+//! kernels compile through the context's pipeline cache. The table's TFLOP/s set the conv
 //! passes' own (`conv_passes`) against what each layer of the kernels allows
 //! (docs/perf-notes.md, entry 81).
 
 use std::time::Instant;
 
-use aether::gpu::{GpuContext, GpuOptions};
+use aether::gpu::{GpuContext, GpuOptions, GpuSlice, PipelineKey};
 use aether::{AetherError, Result};
 
 const USAGE: &str = "usage: coop_peak [--rounds N] [--repeats N] [--workgroups N]";
@@ -120,6 +121,28 @@ struct Config {
 }
 
 impl Config {
+    /// Its pipeline's key in the context's cache: every field its WGSL is
+    /// written from.
+    fn key(&self) -> PipelineKey {
+        let (source, padding, global, k_tiles) = match self.operands {
+            Operands::Registers => (0, 0, false, 1),
+            Operands::F16Columns => (1, 0, false, 1),
+            Operands::Vec4Rows { padding } => (2, padding, false, 1),
+            Operands::Staged(Staged { global, k_tiles }) => (3, 0, global, k_tiles),
+        };
+        let mut key = PipelineKey::new("coop_peak", "coop");
+        key.source_constants = vec![
+            ("SUBGROUPS", self.subgroups),
+            ("TM", self.tiles[0]),
+            ("TN", self.tiles[1]),
+            ("OPERANDS", source),
+            ("PADDING", padding),
+            ("GLOBAL", u32::from(global)),
+            ("K_TILES", k_tiles),
+        ];
+        key
+    }
+
     /// The kernel's WGSL for tile size `t` and subgroup size `lanes`.
     fn source(&self, t: u32, lanes: u32) -> String {
         if let Operands::Staged(staged) = self.operands {
@@ -350,9 +373,6 @@ fn main() -> Result<()> {
         Some((min, max)) if min == max => max,
         other => return Err(gpu_error(format!("subgroup size {other:?} is not fixed"))),
     };
-    if !caps.timestamps {
-        return Err(gpu_error("the adapter has no timestamp queries".into()));
-    }
     println!(
         "{} workgroups, {} rounds, best of {}",
         args.workgroups, args.rounds, args.repeats
@@ -373,24 +393,6 @@ fn main() -> Result<()> {
             usage: wgpu::BufferUsages::STORAGE,
         },
     );
-    let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
-        label: Some("coop_peak timestamps"),
-        ty: wgpu::QueryType::Timestamp,
-        count: 2,
-    });
-    let resolved = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("coop_peak resolved"),
-        size: 16,
-        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    let readback = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("coop_peak readback"),
-        size: 16,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let period = f64::from(ctx.queue().get_timestamp_period());
     for config in configs() {
         let Config {
             subgroups, tiles, ..
@@ -401,84 +403,31 @@ fn main() -> Result<()> {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
-        let source = config.source(t, lanes);
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        // SAFETY: the kernel's loops are bounded by constants; only loop
-        // bounding is off, as in aether's own pipelines.
-        let module = unsafe {
-            device.create_shader_module_trusted(
-                wgpu::ShaderModuleDescriptor {
-                    label: Some("coop_peak"),
-                    source: wgpu::ShaderSource::Wgsl(source.into()),
-                },
-                wgpu::ShaderRuntimeChecks {
-                    force_loop_bounding: false,
-                    ..wgpu::ShaderRuntimeChecks::checked()
-                },
-            )
+        let key = config.key().with("ROUNDS", args.rounds);
+        let pipeline = match ctx
+            .pipelines()
+            .require(&key, "main", || config.source(t, lanes).into())
+        {
+            Ok(pipeline) => pipeline,
+            Err(e) => {
+                println!("{subgroups} x {tiles:?}: does not build: {e}");
+                continue;
+            }
         };
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("coop_peak"),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants: &[("ROUNDS", f64::from(args.rounds))],
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            println!("{subgroups} x {tiles:?}: does not build: {e}");
-            continue;
-        }
-        let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("coop_peak"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: src.as_entire_binding(),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: dst.as_entire_binding(),
-                },
-            ],
-        });
+        let buffers = [GpuSlice::whole(&src), GpuSlice::whole(&dst)];
         let mut best = f64::INFINITY;
         for repeat in 0..=args.repeats {
-            let mut encoder = device.create_command_encoder(&Default::default());
-            {
-                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("coop_peak"),
-                    timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                        query_set: &queries,
-                        beginning_of_pass_write_index: Some(0),
-                        end_of_pass_write_index: Some(1),
-                    }),
-                });
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &bind_group, &[]);
-                pass.dispatch_workgroups(args.workgroups, 1, 1);
-            }
-            encoder.resolve_query_set(&queries, 0..2, &resolved, 0);
-            encoder.copy_buffer_to_buffer(&resolved, 0, &readback, 0, 16);
-            ctx.queue().submit([encoder.finish()]);
-            readback.slice(..).map_async(wgpu::MapMode::Read, |_| {});
             let started = Instant::now();
-            device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| gpu_error(e.to_string()))?;
-            let stamps: [u64; 2] = {
-                let view = readback
-                    .slice(..)
-                    .get_mapped_range()
-                    .map_err(|e| gpu_error(e.to_string()))?;
-                bytemuck::pod_read_unaligned(&view[..16])
-            };
-            readback.unmap();
-            let ms = stamps[1].saturating_sub(stamps[0]) as f64 * period / 1e6;
+            let ((), ns) = ctx.timed_span(|| {
+                ctx.dispatch(
+                    "coop_peak",
+                    &pipeline,
+                    &buffers,
+                    &[],
+                    [args.workgroups, 1, 1],
+                )
+            })?;
+            let ms = ns / 1e6;
             if repeat > 0 && ms > 0.0 {
                 best = best.min(ms);
             }
