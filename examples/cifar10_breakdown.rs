@@ -160,7 +160,7 @@ fn run(args: &Args) -> Result<()> {
     };
     println!("{adapter}");
     let batch = args.batch;
-    let (x, y) = synthetic_images(batch, 32, 32, 1);
+    let (x, y) = synthetic_images(batch, 32, 32, 1)?;
     let mut model = aether::zoo::cifar10_v1(1)
         .f16_activations(args.f16_activations)
         .fuse_dropout(args.fuse_dropout);

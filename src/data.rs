@@ -6,8 +6,20 @@
 //! stripe frequency, phase, contrast and brightness are jittered and strong
 //! pixel noise is added. Made in code: nothing is downloaded.
 
+use crate::{AetherError, Result};
+
 /// `n` images and labels from `seed`; the same arguments give the same data.
-pub fn synthetic_images(n: usize, h: usize, w: usize, seed: u64) -> (Vec<f32>, Vec<u32>) {
+/// Sizes whose `n x h x w x 3` values a `Vec` cannot index are an
+/// [`AetherError::InvalidShape`], not a panic.
+pub fn synthetic_images(n: usize, h: usize, w: usize, seed: u64) -> Result<(Vec<f32>, Vec<u32>)> {
+    let values = [n, h, w, 3]
+        .into_iter()
+        .try_fold(1usize, usize::checked_mul)
+        .ok_or_else(|| AetherError::InvalidShape {
+            op: "synthetic_images",
+            shape: vec![n, h, w, 3],
+            reason: "more values than a usize can count".into(),
+        })?;
     let mut state = seed ^ 0xa076_1d64_78bd_642f;
     let mut next = move || {
         state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -16,7 +28,7 @@ pub fn synthetic_images(n: usize, h: usize, w: usize, seed: u64) -> (Vec<f32>, V
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32
     };
-    let mut images = Vec::with_capacity(n * h * w * 3);
+    let mut images = Vec::with_capacity(values);
     let mut labels = Vec::with_capacity(n);
     for _ in 0..n {
         let class = (next() * 10.0) as u32 % 10;
@@ -43,5 +55,28 @@ pub fn synthetic_images(n: usize, h: usize, w: usize, seed: u64) -> (Vec<f32>, V
         }
         labels.push(class);
     }
-    (images, labels)
+    Ok((images, labels))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_past_usize_are_an_error_naming_the_shape() {
+        let err = synthetic_images(usize::MAX / 2, 2, 2, 1).unwrap_err();
+        assert!(
+            matches!(&err, AetherError::InvalidShape { op: "synthetic_images", shape, .. }
+                if shape == &[usize::MAX / 2, 2, 2, 3]),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_images_and_another_seed_others() {
+        let (x, y) = synthetic_images(5, 3, 4, 9).unwrap();
+        assert_eq!((x.len(), y.len()), (5 * 3 * 4 * 3, 5));
+        assert_eq!(synthetic_images(5, 3, 4, 9).unwrap(), (x.clone(), y));
+        assert_ne!(synthetic_images(5, 3, 4, 10).unwrap().0, x);
+    }
 }

@@ -448,7 +448,8 @@ fn smoke_run_on_the_synthetic_default_saves_and_plots() {
         png.len()
     );
     let mut model = Model::load(dir.0.join("model.safetensors"), &Device::Cpu).expect("load model");
-    let (x, y) = aether::data::synthetic_images(100, 32, 32, SYNTHETIC_TEST_SEED);
+    let (x, y) =
+        aether::data::synthetic_images(100, 32, 32, SYNTHETIC_TEST_SEED).expect("synthetic images");
     let (_, accuracy) = model.evaluate(&x, &y, 50).expect("evaluate");
     assert_eq!(
         accuracy, summary.test_accuracy,

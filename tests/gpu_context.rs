@@ -459,7 +459,7 @@ fn a_timed_span_times_its_dispatches_back_to_back() {
 /// Two training steps and a prediction of a small model that runs every
 /// parameterised kernel family (conv, batch norm, pooling, dense, loss, Adam).
 fn train_small_model(device: &Device) -> (Vec<f32>, Vec<f32>) {
-    let (x, y) = aether::data::synthetic_images(4, 6, 6, 3);
+    let (x, y) = aether::data::synthetic_images(4, 6, 6, 3).expect("synthetic images");
     // The model's 3 classes.
     let y: Vec<u32> = y.iter().map(|label| label % 3).collect();
     let mut model = Model::new().seed(7);

@@ -35,8 +35,8 @@ fn norm_rel(a: &[f32], b: &[f32]) -> f64 {
 }
 
 test_device!(v1_model_learns_the_synthetic_set, |device: &Device| {
-    let (x, y) = synthetic_images(320, SIDE, SIDE, 7);
-    let (vx, vy) = synthetic_images(160, SIDE, SIDE, 8);
+    let (x, y) = synthetic_images(320, SIDE, SIDE, 7).expect("synthetic images");
+    let (vx, vy) = synthetic_images(160, SIDE, SIDE, 8).expect("synthetic images");
     let mut model = v1_on(device, 1);
     model.configure(
         Loss::SoftmaxCrossEntropy {
@@ -76,7 +76,7 @@ test_device!(v1_model_learns_the_synthetic_set, |device: &Device| {
 #[test]
 fn gpu_predictions_match_cpu_for_the_same_seed() {
     let Some(gpu) = common::gpu() else { return };
-    let (x, _) = synthetic_images(9, SIDE, SIDE, 3);
+    let (x, _) = synthetic_images(9, SIDE, SIDE, 3).expect("synthetic images");
     let cpu_probs = v1_on(&Device::Cpu, 5).predict(&x, 4, true).unwrap();
     let gpu_probs = v1_on(&gpu, 5).predict(&x, 4, true).unwrap();
     let err = norm_rel(&gpu_probs, &cpu_probs);
@@ -106,7 +106,7 @@ fn a_training_step_is_one_submission_unless_the_gpu_was_idle() {
     let Some((twin_ctx, mut twin)) = v1_on_own_gpu(2) else {
         return;
     };
-    let (x, y) = synthetic_images(8, SIDE, SIDE, 4);
+    let (x, y) = synthetic_images(8, SIDE, SIDE, 4).expect("synthetic images");
     let (mut losses, mut twin_losses) = (Vec::new(), Vec::new());
     for step in 0..3 {
         // `model` waits for every step, `twin` for none.
@@ -168,7 +168,7 @@ fn a_settled_training_step_reuses_its_bind_groups_and_copies_nothing() {
     let Some((ctx, mut model)) = v1_on_own_gpu(3) else {
         return;
     };
-    let (x, y) = synthetic_images(8, SIDE, SIDE, 4);
+    let (x, y) = synthetic_images(8, SIDE, SIDE, 4).expect("synthetic images");
     for _ in 0..30 {
         model.train_batch(&x, &y).unwrap();
     }
@@ -196,7 +196,7 @@ fn a_settled_training_step_reuses_its_bind_groups_and_copies_nothing() {
 }
 
 test_device!(save_load_round_trip_across_devices, |device: &Device| {
-    let (x, y) = synthetic_images(64, SIDE, SIDE, 9);
+    let (x, y) = synthetic_images(64, SIDE, SIDE, 9).expect("synthetic images");
     let mut model = v1_on(device, 3);
     model
         .train(
@@ -654,7 +654,7 @@ test_device!(
     a_trained_model_trains_on_after_moving_devices,
     |device: &Device| {
         let mut model = v1_on(device, 3);
-        let (x, y) = synthetic_images(8, SIDE, SIDE, 5);
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
         let mut stops = vec![device.clone(), Device::Cpu];
         if device.gpu_context().is_some() {
             let options = aether::gpu::GpuOptions {
@@ -764,7 +764,7 @@ test_device!(
     |device: &Device| {
         // v1 has BatchNorm -> ReLU after every conv: finalize folds each ReLU into
         // its BatchNorm unless told not to. Three steps, then predictions.
-        let (x, y) = synthetic_images(8, SIDE, SIDE, 5);
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
         let run = |fuse: bool| {
             let mut model = aether::zoo::cifar10_v1(6).fuse_relu(fuse);
             model.to(device).unwrap();
@@ -791,7 +791,7 @@ test_device!(
         // tiling its input: finalize folds each dropout into its pool unless
         // told not to. With f16 activations, pools 6 and 14 then write the
         // f16 that dropouts 7 and 15 wrote. Three steps, then predictions.
-        let (x, y) = synthetic_images(8, SIDE, SIDE, 5);
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
         let run = |fuse: bool| {
             let mut model = aether::zoo::cifar10_v1(6).fuse_dropout(fuse);
             model.to(device).unwrap();
@@ -819,7 +819,7 @@ test_device!(
         // conv: where the conv rounds its input to f16, they write f16
         // outputs. Each BatchNorm's input gradient goes to a conv, which
         // rounds it to f16.
-        let (x, y) = synthetic_images(8, SIDE, SIDE, 5);
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
         let conv = aether::nn::Conv2d::new(8, (3, 3), Padding::Same);
         let rounds = conv.rounds_input_to_f16(device);
         let run = |f16: bool| {
@@ -872,7 +872,7 @@ fn f16_activations_save_the_backward_casts() {
         return;
     };
     let device = Device::Gpu(ctx.clone());
-    let (x, y) = synthetic_images(8, SIDE, SIDE, 4);
+    let (x, y) = synthetic_images(8, SIDE, SIDE, 4).expect("synthetic images");
     let dispatches_per_step = |f16: bool| {
         let mut model = aether::zoo::cifar10_v1(2).f16_activations(f16);
         model.to(&device).unwrap();
@@ -899,7 +899,7 @@ fn f16_activations_save_the_backward_casts() {
 #[test]
 fn first_training_step_loss_matches_cpu() {
     let Some(gpu) = common::gpu() else { return };
-    let (x, y) = synthetic_images(12, SIDE, SIDE, 11);
+    let (x, y) = synthetic_images(12, SIDE, SIDE, 11).expect("synthetic images");
     let cpu_loss = v1_on(&Device::Cpu, 4)
         .train_batch(&x, &y)
         .unwrap()
@@ -933,7 +933,7 @@ fn a_conv_first_model_trains_on_its_batches_rounded_to_f16() {
         return skip("no shader-f16: the conv kernels take f32 inputs");
     }
     assert!(conv.rounds_input_to_f16(&gpu));
-    let (x, y) = synthetic_images(12, SIDE, SIDE, 11);
+    let (x, y) = synthetic_images(12, SIDE, SIDE, 11).expect("synthetic images");
     let rounded = Tensor::from_f32_as_f16(vec![12, SIDE, SIDE, 3], &x, &gpu).unwrap();
     let labels = Tensor::from_u32(vec![12], y.clone(), &gpu).unwrap();
     let (mut batches, mut tensors) = (v1_on(&gpu, 4), v1_on(&gpu, 4));

@@ -39,7 +39,7 @@ fn model(device: &Device, seed: u64) -> Model {
 /// Trains the model of `seed` on its own data set; returns its per-epoch
 /// losses and its predictions on that set, as bits.
 fn train(device: &Device, seed: u64) -> (Vec<u32>, Vec<u32>) {
-    let (x, y) = synthetic_images(SAMPLES, SIDE, SIDE, seed);
+    let (x, y) = synthetic_images(SAMPLES, SIDE, SIDE, seed).expect("synthetic images");
     let mut model = model(device, seed);
     let history = model
         .train(

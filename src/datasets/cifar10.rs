@@ -521,7 +521,7 @@ pub fn run(args: &Cifar10Args) -> Result<RunSummary> {
             );
             (data, true)
         }
-        None => (synthetic(args.limit), false),
+        None => (synthetic(args.limit)?, false),
     };
     let (test_x, test_y) = match args.test_limit {
         Some(n) if n < data.test_y.len() => (&data.test_x[..n * IMAGE_VALUES], &data.test_y[..n]),
@@ -641,12 +641,12 @@ fn print_device(device: &Device) {
 }
 
 /// The synthetic stand-in, announced as such.
-fn synthetic(limit: Option<usize>) -> Cifar10 {
+fn synthetic(limit: Option<usize>) -> Result<Cifar10> {
     let train = limit.map_or(SYNTHETIC_TRAIN, |l| l.min(SYNTHETIC_TRAIN));
     let (train_x, train_y) =
-        crate::data::synthetic_images(train, IMAGE_SIDE, IMAGE_SIDE, SYNTHETIC_TRAIN_SEED);
+        crate::data::synthetic_images(train, IMAGE_SIDE, IMAGE_SIDE, SYNTHETIC_TRAIN_SEED)?;
     let (test_x, test_y) =
-        crate::data::synthetic_images(SYNTHETIC_TEST, IMAGE_SIDE, IMAGE_SIDE, SYNTHETIC_TEST_SEED);
+        crate::data::synthetic_images(SYNTHETIC_TEST, IMAGE_SIDE, IMAGE_SIDE, SYNTHETIC_TEST_SEED)?;
     println!(
         "data: no --data DIR and no AETHER_CIFAR10, so this trains on a SYNTHETIC 10-class set \
          ({train} train / {SYNTHETIC_TEST} test images, 32x32x3, generated in code). \
@@ -657,13 +657,13 @@ fn synthetic(limit: Option<usize>) -> Cifar10 {
          https://www.cs.toronto.edu/~kriz/cifar.html), unpack it and pass \
          --data path/to/cifar-10-batches-bin (or set AETHER_CIFAR10)."
     );
-    Cifar10 {
+    Ok(Cifar10 {
         train_x,
         train_y,
         test_x,
         test_y,
         class_names: (0..10).map(|k| format!("synthetic-{k}")).collect(),
-    }
+    })
 }
 
 /// The training loop of [`run`], on `Model::train_tensors` so that each batch
