@@ -2,7 +2,7 @@
 //! cooperative-matrix multiply-adds a second this adapter runs through wgpu,
 //! with nothing else in the loop, then with the conv kernels' staging.
 //!
-//!     cargo run --release --example coop_peak -- [--rounds 2048] [--repeats 5] [--workgroups 1056]
+//!     cargo run --release --example coop_peak -- [--rounds 2048] [--repeats 5] [--workgroups 1056] [--operands "global direct"]
 //!
 //! Each subgroup holds TM x TN accumulator tiles and runs `--rounds` rounds of
 //! multiply-adds on them, its operand tiles taken (see `Operands`)
@@ -23,7 +23,8 @@ use std::time::Instant;
 use aether::gpu::{GpuContext, GpuOptions, GpuSlice, PipelineKey};
 use aether::{AetherError, Result};
 
-const USAGE: &str = "usage: coop_peak [--rounds N] [--repeats N] [--workgroups N]";
+const USAGE: &str =
+    "usage: coop_peak [--rounds N] [--repeats N] [--workgroups N] [--operands PREFIX]";
 /// Workgroups a dispatch, unless `--workgroups` says: 8 per compute unit of an
 /// H100 or H200 (132 units; wgpu does not report the count), which also fills
 /// smaller GPUs. `--workgroups 132` gives one a unit, as the v1 model's last
@@ -36,6 +37,8 @@ struct Args {
     rounds: u32,
     repeats: usize,
     workgroups: u32,
+    /// Only the configurations whose operands' name starts with this.
+    operands: String,
 }
 
 impl Args {
@@ -44,10 +47,15 @@ impl Args {
             rounds: 2048,
             repeats: 5,
             workgroups: WORKGROUPS,
+            operands: String::new(),
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
             let value = it.next().ok_or(format!("{flag} needs a value\n{USAGE}"))?;
+            if flag == "--operands" {
+                args.operands = value;
+                continue;
+            }
             let count: u32 = value
                 .parse()
                 .ok()
@@ -79,6 +87,12 @@ enum Operands {
     /// The conv GEMM core's step (coop_gemm.wgsl): runs staged in workgroup
     /// memory, barriers, then the step's loads and multiply-adds.
     Staged(Staged),
+    /// The forward conv's operands straight from global memory every round,
+    /// no workgroup memory and no barriers: A tiles as NHWC pixels by
+    /// channels (rows 64 halves apart, the 3 x 3 taps shifting the pixels of
+    /// 8-wide images), B tiles from weights 128 halves wide: the v1 model's
+    /// last conv (8x8x64 -> 128) without staging.
+    Global,
 }
 
 /// The staged mode: every round each invocation writes its share of a BM x
@@ -107,6 +121,7 @@ impl Operands {
                 "staged {} k{k_tiles}",
                 if *global { "global" } else { "regs" }
             ),
+            Operands::Global => "global direct".into(),
         }
     }
 }
@@ -129,6 +144,7 @@ impl Config {
             Operands::F16Columns => (1, 0, false, 1),
             Operands::Vec4Rows { padding } => (2, padding, false, 1),
             Operands::Staged(Staged { global, k_tiles }) => (3, 0, global, k_tiles),
+            Operands::Global => (4, 0, true, 1),
         };
         let mut key = PipelineKey::new("coop_peak", "coop");
         key.source_constants = vec![
@@ -147,6 +163,9 @@ impl Config {
     fn source(&self, t: u32, lanes: u32) -> String {
         if let Operands::Staged(staged) = self.operands {
             return self.staged_source(t, lanes, staged);
+        }
+        if self.operands == Operands::Global {
+            return self.global_source(t, lanes);
         }
         let [tm, tn] = self.tiles;
         let mat = format!("coop_mat{t}x{t}");
@@ -318,6 +337,58 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         src
     }
 
+    /// The direct mode's WGSL: each subgroup of a `subgroups / 4 x 4` block
+    /// loads its TM A tiles and TN B tiles from the storage buffer every
+    /// round, walking the 36 k-tiles of a 576-deep reduction (9 taps of 64
+    /// channels) over 16384 pixel rows (batch 256 of 8 x 8), as conv 5's
+    /// forward would with no staging (its padding left out).
+    fn global_source(&self, t: u32, lanes: u32) -> String {
+        let [tm, tn] = self.tiles;
+        let mat = format!("coop_mat{t}x{t}");
+        let mut src = format!(
+            "enable f16;\nenable wgpu_cooperative_matrix;\n\
+             const T: u32 = {t}u;\nconst SG_N: u32 = 4u;\n\
+             const TM: u32 = {tm}u;\nconst TN: u32 = {tn}u;\n\
+             const BM: u32 = {sg_m}u * TM * T;\n\
+             const PIXELS: u32 = 16384u;\nconst CHANNELS: u32 = 64u;\nconst WIDTH: u32 = 128u;\n\
+             const WEIGHTS: u32 = 1572864u;\n\
+             @group(0) @binding(0) var<storage, read> src: array<f16>;\n\
+             @group(0) @binding(1) var<storage, read_write> dst: array<f32>;\n\
+             override ROUNDS: u32;\n\
+             @compute @workgroup_size({threads})\n\
+             fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lidx: u32,\n\
+             \x20       @builtin(subgroup_id) sg: u32) {{\n\
+             \x20   let sub_row = (sg / SG_N) * TM * T;\n\
+             \x20   let sub_col = (sg % SG_N) * TN * T;\n\
+             \x20   let first = (wid.x * BM) % PIXELS + sub_row;\n",
+            sg_m = self.subgroups / 4,
+            threads = self.subgroups * lanes,
+        );
+        for i in 0..tm {
+            for j in 0..tn {
+                src += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
+            }
+        }
+        src += "    for (var round = 0u; round < ROUNDS; round++) {\n\
+                 \x20       let k = (round % 36u) * T;\n\
+                 \x20       let tap = k / CHANNELS;\n\
+                 \x20       let shift = (tap / 3u) * 8u + tap % 3u;\n";
+        for i in 0..tm {
+            src += &format!(
+                "        let a_{i} = coopLoadT<{mat}<f16, A>>(&src[(first + {i}u * T + shift) * CHANNELS + k % CHANNELS], CHANNELS);\n"
+            );
+        }
+        for j in 0..tn {
+            src += &format!(
+                "        let b_{j} = coopLoadT<{mat}<f16, B>>(&src[WEIGHTS + k * WIDTH + sub_col + {j}u * T], WIDTH);\n"
+            );
+        }
+        src += &multiply_adds(tm, tn);
+        src += "    }\n";
+        src += &self.stores();
+        src
+    }
+
     /// The kernel's end: each subgroup's accumulators stored to its own tiles
     /// of `dst`, so no multiply-add can be left out.
     fn stores(&self) -> String {
@@ -393,7 +464,10 @@ fn main() -> Result<()> {
             usage: wgpu::BufferUsages::STORAGE,
         },
     );
-    for config in configs() {
+    for config in configs()
+        .into_iter()
+        .filter(|config| config.operands.name().starts_with(&args.operands))
+    {
         let Config {
             subgroups, tiles, ..
         } = config;
@@ -453,6 +527,8 @@ fn main() -> Result<()> {
 /// for the v1 convs (16 subgroups of 2 x 2 tiles) and for wide GEMMs (16 of
 /// 2 x 4) and on 8 subgroups of 4 x 4, and 4 deep on the first. (4 deep on 16
 /// subgroups of 2 x 4 tiles ran for minutes on an H100, presumably spilling.)
+/// The direct mode on the blocks a conv-5 kernel without staging could take
+/// (8 or 16 subgroups of 1 x 2 to 2 x 4 tiles).
 fn configs() -> Vec<Config> {
     let sources = [
         Operands::Registers,
@@ -474,6 +550,19 @@ fn configs() -> Vec<Config> {
                 }
             }
         }
+    }
+    for (subgroups, tiles) in [
+        (16, [2, 2]),
+        (16, [1, 2]),
+        (8, [2, 2]),
+        (8, [2, 4]),
+        (16, [2, 4]),
+    ] {
+        configs.push(Config {
+            subgroups,
+            tiles,
+            operands: Operands::Global,
+        });
     }
     for global in [false, true] {
         for (subgroups, tiles, k_tiles) in [
