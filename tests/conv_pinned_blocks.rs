@@ -11,7 +11,7 @@ mod common;
 
 use aether::conv::coop::BLOCK_ENV;
 use aether::conv::dweight_halo::DWEIGHT_HALO_ENV;
-use aether::conv::halo::HALO_ENV;
+use aether::conv::halo::{HALO_ENV, STACK_ENV};
 use aether::conv::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
     conv2d_dinput, conv2d_dweight, conv2d_forward,
@@ -22,12 +22,11 @@ use common::{Rng, report};
 
 const F16_BOUND: f64 = 5e-3;
 
-/// A pinned block: the variable and its value, the shape it runs on (3x3,
-/// same padding; blocks that fit at tiles 8 and 16), and what the plan of
-/// its direction must show.
+/// A pinned block: the variables and their values, the shape it runs on
+/// (3x3, same padding; blocks that fit at tiles 8 and 16), and what the plan
+/// of its direction must show.
 struct Pin {
-    var: &'static str,
-    value: &'static str,
+    vars: &'static [(&'static str, &'static str)],
     input: [usize; 4],
     c_out: usize,
     direction: ConvDirection,
@@ -39,8 +38,7 @@ fn pins() -> Vec<Pin> {
     vec![
         // dweight's 32-position blocks.
         Pin {
-            var: DWEIGHT_HALO_ENV,
-            value: "32",
+            vars: &[(DWEIGHT_HALO_ENV, "32")],
             input: wide,
             c_out: 64,
             direction: ConvDirection::DWeight,
@@ -49,8 +47,7 @@ fn pins() -> Vec<Pin> {
         // The forward with all 9 taps a step, 16 input channels a stage and 4
         // channel tiles over 8 subgroups in 2 columns (`.ci/gpu-sweep-halo16.sh`).
         Pin {
-            var: HALO_ENV,
-            value: "256x4x9x8x2x16",
+            vars: &[(HALO_ENV, "256x4x9x8x2x16")],
             input: [1, 16, 16, 64],
             c_out: 64,
             direction: ConvDirection::Forward,
@@ -59,6 +56,17 @@ fn pins() -> Vec<Pin> {
                     b.taps_per_step == 9 && b.halo[0] == 16 && b.subgroups == [4, 2]
                 })
             },
+        },
+        // Position tiles stacking a tile's images, on outputs narrower than
+        // a tile (the v1 model's 8 x 8 conv): 2 output rows a block, 2
+        // channel chunks, 2 blocks of channels at tile 8, 4 blocks an image
+        // stack and 2 stacks at tile 8.
+        Pin {
+            vars: &[(HALO_ENV, "16x4x3x8x2x16"), (STACK_ENV, "1")],
+            input: [16, 8, 8, 32],
+            c_out: 64,
+            direction: ConvDirection::Forward,
+            ran: |p| p.halo.is_some_and(|b| b.images == b.tile && b.rows == 2),
         },
     ]
 }
@@ -99,17 +107,19 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
             want_db,
             reference::dinput(&meta, &dy, &w),
         ];
-        // SAFETY: this binary's only test; nothing else reads the
-        // environment while it changes.
-        unsafe { std::env::set_var(pin.var, pin.value) };
+        let pinned = pin
+            .vars
+            .iter()
+            .map(|(var, value)| format!("{var}={value}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        for (var, value) in pin.vars {
+            // SAFETY: this binary's only test; nothing else reads the
+            // environment while it changes.
+            unsafe { std::env::set_var(var, value) };
+        }
         for &variant in &coop {
-            let ctx = format!(
-                "{}={} [{}] seed {}",
-                pin.var,
-                pin.value,
-                variant.name(),
-                rng.seed
-            );
+            let ctx = format!("{pinned} [{}] seed {}", variant.name(), rng.seed);
             // Fresh plans: each reads the pinned block as it is planned.
             let plans = ConvPlans::forcing(variant);
             let outputs = run(&plans, &params, &meta, [&xt, &wt, &bt, &dyt]);
@@ -126,9 +136,11 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
                 .any(|(d, _, plan)| *d == pin.direction && (pin.ran)(plan));
             assert!(ran, "{ctx}: the pinned block did not run ({summary:?})");
         }
-        // SAFETY: as above.
-        unsafe { std::env::remove_var(pin.var) };
-        report(&format!("[aether-test] {}={}: ok", pin.var, pin.value));
+        for (var, _) in pin.vars {
+            // SAFETY: as above.
+            unsafe { std::env::remove_var(var) };
+        }
+        report(&format!("[aether-test] {pinned}: ok"));
     }
     // A GEMM block no parser accepts stops the conv with an error naming the
     // variable, rather than quietly running the next variant.

@@ -28,38 +28,48 @@
 // registers while the current step multiplies, so their latency overlaps the
 // MMAs, as in the GEMM core.
 //
+// Where IMAGES is the tile (set by the host), a position tile is one output
+// position of IMAGES consecutive images instead: the halo holds each pixel's
+// IMAGES images one after another, so the A tile of a tap is IMAGES pixel rows
+// one LDP apart as before, and the tile's rows go out H_OUT * W_OUT * C_OUT
+// apart in y. This fits outputs narrower than a tile (TW, the positions a tile
+// covers along a row, is then 1) and blocks are IMAGES images of whole rows.
+//
 // Written in by the host (src/conv/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
 // BH, BW, TILES_W, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H,
-// HALO_W and TAP_ROWS (= TPS * HALO_C), and the pieces marked `// generated:`
+// HALO_W and TAP_ROWS (= TPS * HALO_C), IMAGES, and the pieces marked `// generated:`
 // (declaring, multiplying and storing the PT x CT accumulators, which WGSL
 // cannot hold in an indexable array). The operand readers `x_run` / `w_run`
 // come from the conv kernel (src/conv/common.rs), reading x as f16 or,
 // converting, as f32.
 
 const BN: u32 = SG_N * CT * T;
+const TW: u32 = T / IMAGES;
 const THREADS: u32 = SG_M * SG_N * SUBGROUP;
 // Pixel and tap-row strides in vec4<f16>, the unit the matrix loads count
 // strides in: the channels plus 8 halves of padding.
 const LDP: u32 = HALO_C / 4u + 2u;
 const LDW: u32 = BN / 4u + 2u;
-const HALO_RUNS: u32 = HALO_H * HALO_W * (HALO_C / 8u);
+const HALO_RUNS: u32 = HALO_H * HALO_W * IMAGES * (HALO_C / 8u);
 const TAP_RUNS: u32 = TAP_ROWS * (BN / 8u);
 
 const HALO_SLOTS: u32 = (HALO_RUNS + THREADS - 1u) / THREADS;
 const TAP_SLOTS: u32 = (TAP_RUNS + THREADS - 1u) / THREADS;
 
-var<workgroup> halo: array<vec4<f16>, HALO_H * HALO_W * LDP>;
+var<workgroup> halo: array<vec4<f16>, HALO_H * HALO_W * IMAGES * LDP>;
 var<workgroup> taps: array<vec4<f16>, TAP_ROWS * LDW>;
 
 // Reads this thread's runs of the halo of input channels cc.. from global
-// memory: pixel g / (HALO_C / 8) of the halo, channels 8 at a time.
+// memory: slot g / (HALO_C / 8) of the halo (its pixel, then its image),
+// channels 8 at a time.
 fn fetch_halo(regs: ptr<function, array<Run, HALO_SLOTS>>, n: u32, ih0: i32, iw0: i32, cc: u32, lidx: u32) {
     for (var s = 0u; s < HALO_SLOTS; s++) {
         let g = lidx + s * THREADS;
-        let pixel = g / (HALO_C / 8u);
+        let pixel = g / (HALO_C / 8u) / IMAGES;
+        let image = g / (HALO_C / 8u) % IMAGES;
         var run = Run();
         if (g < HALO_RUNS) {
-            run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), cc + (g % (HALO_C / 8u)) * 8u);
+            run = x_pixel_run(n + image, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), cc + (g % (HALO_C / 8u)) * 8u);
         }
         (*regs)[s] = run;
     }
@@ -107,11 +117,11 @@ fn stage_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, lidx: u32) {
 override BLOCKS_W: u32 = W_OUT / BW;
 override BLOCKS_PER_IMAGE: u32 = (H_OUT / BH) * BLOCKS_W;
 
-// Block b's image and first output row and column: blocks of an image in
-// row-major order, images in turn.
+// Block b's (first) image and first output row and column: blocks of an
+// image (of IMAGES images) in row-major order, images in turn.
 fn block_origin(b: u32) -> vec3<u32> {
     let block = b % BLOCKS_PER_IMAGE;
-    return vec3<u32>(b / BLOCKS_PER_IMAGE, (block / BLOCKS_W) * BH, (block % BLOCKS_W) * BW);
+    return vec3<u32>(b / BLOCKS_PER_IMAGE * IMAGES, (block / BLOCKS_W) * BH, (block % BLOCKS_W) * BW);
 }
 
 fn fetch_block_halo(regs: ptr<function, array<Run, HALO_SLOTS>>, b: u32, cc: u32, lidx: u32) {
@@ -129,11 +139,12 @@ fn main(
     let col0 = wid.y * BN;
     // This workgroup's blocks: wid.x, wid.x + groups.x, ... (the host
     // launches at most one workgroup per block).
-    let blocks = params.n * BLOCKS_PER_IMAGE;
+    let blocks = params.n / IMAGES * BLOCKS_PER_IMAGE;
     let mine = (blocks - wid.x + groups.x - 1u) / groups.x;
     // This subgroup's corner: position tiles from sg_m * PT, channel tiles
-    // from sg_n * CT. Position tile p covers T outputs of block row
-    // p / TILES_W, from block column (p % TILES_W) * T, or BW - T for a last
+    // from sg_n * CT. Position tile p covers TW positions (of IMAGES images)
+    // of block row
+    // p / TILES_W, from block column (p % TILES_W) * TW, or BW - TW for a last
     // tile that would leave the row.
     let sg_m = sg / SG_N;
     let sub_col = col0 + (sg % SG_N) * CT * T;

@@ -22,6 +22,15 @@ pub const HALO_ENV: &str = "AETHER_FORWARD_HALO";
 /// taking its blocks in turn; `0` one workgroup per block.
 pub const GROUPS_ENV: &str = "AETHER_HALO_GROUPS";
 
+/// Environment variable for tuning: `1` stacks the tile's count of images
+/// in each position tile, one output position of each (the halo staged
+/// image by image at each pixel); `0`, the default, takes a tile of
+/// consecutive positions of one image. Stacked tiles fit outputs narrower
+/// than a tile, as the v1 model's 8 x 8 conv's, whose blocks then stage 2.5
+/// pixels per output where the GEMM core stages 9 (docs/perf-notes.md,
+/// entry 82). Pinned only: the rule stacks none.
+pub const STACK_ENV: &str = "AETHER_HALO_STACK";
+
 /// Workgroups per compute unit the halo kernels launch at most, where the
 /// adapter's count of units is known (else one per block). Measured on the
 /// H200 (docs/perf-notes.md, entry 61): the large bench shape's forward
@@ -138,6 +147,41 @@ fn group_bounds(caps: &GpuCapabilities) -> [u32; 2] {
         k => k.saturating_mul(caps.estimated_compute_units()),
     };
     [groups; 2]
+}
+
+/// Images a position tile stacks at `tile`: the tile where the tuning
+/// override says `1`, else 1.
+fn stacked_images(tile: u32) -> std::result::Result<u32, String> {
+    match std::env::var(STACK_ENV).as_deref().map(str::trim) {
+        Err(_) | Ok("0") => Ok(1),
+        Ok("1") => Ok(tile),
+        Ok(text) => {
+            warn_once(
+                &format!("halo-stack:{text}"),
+                &format!("{STACK_ENV}={text:?} is neither 0 nor 1: the halo kernels are off"),
+            );
+            Err(format!("{STACK_ENV}={text}"))
+        }
+    }
+}
+
+/// The `(rows, cols)` of a block of about `positions` output positions of
+/// whole output rows, for position tiles of one position of `tile` stacked
+/// images: any output width, `positions` a multiple of it.
+fn stacked_blocks(
+    tile: u32,
+    meta: &ConvShapeMeta,
+    positions: usize,
+) -> std::result::Result<(usize, usize), String> {
+    shares_taps(meta)?;
+    let rows = positions / meta.w_out;
+    if rows == 0 || !meta.h_out.is_multiple_of(rows) || !meta.n.is_multiple_of(tile as usize) {
+        return Err(format!(
+            "{} images of {}x{} outputs are not whole stacks of {tile} by {positions} positions",
+            meta.n, meta.h_out, meta.w_out
+        ));
+    }
+    Ok((rows, meta.w_out))
 }
 
 /// `Ok` for a stride-1, undilated conv with more than one filter tap: the
@@ -257,7 +301,8 @@ pub(crate) fn runs_subgroups(
 }
 
 /// One workgroup's share of the forward: `rows x cols` output positions of
-/// one image ([`HaloBlock::tiles_w`] tiles a row) by the output channels of
+/// one image, or of each of `images` images ([`HaloBlock::tiles_w`] tiles a
+/// row) by the output channels of
 /// `subgroups[1]` columns of `channel_tiles` tiles, over `subgroups[0] x
 /// subgroups[1]` subgroups of `position_tiles x channel_tiles` tiles; with the
 /// staged sizes that follow from the filter (written into the WGSL: naga
@@ -279,6 +324,9 @@ pub struct HaloBlock {
     pub halo: [u32; 3],
     /// Rows of one step's taps: `taps_per_step` times the staged channels.
     pub tap_rows: u32,
+    /// Images a position tile stacks: 1 (a tile is `tile` consecutive
+    /// positions of one image) or the tile (one position of `tile` images).
+    pub images: u32,
     /// Workgroups launched, fewest and most, where there are blocks for them
     /// (each takes blocks as many apart as there are workgroups).
     pub groups: [u32; 2],
@@ -320,7 +368,12 @@ impl HaloBlock {
                 "{block_tiles} channel tiles or {subgroups} subgroups in {columns} columns"
             ));
         }
-        let (rows, cols) = forward_blocks(tile, meta, positions, row_subgroups as usize)?;
+        let images = stacked_images(tile)?;
+        let (rows, cols) = if images > 1 {
+            stacked_blocks(tile, meta, positions)?
+        } else {
+            forward_blocks(tile, meta, positions, row_subgroups as usize)?
+        };
         if !meta.c_in.is_multiple_of(t) || !meta.c_out.is_multiple_of(block_channels) {
             return Err(format!(
                 "channels {} -> {} do not tile by {t} and {block_channels}",
@@ -345,7 +398,7 @@ impl HaloBlock {
         if !chunk.is_multiple_of(t) || !meta.c_in.is_multiple_of(chunk) {
             return Err(format!("{chunk} input channels a stage of {}", meta.c_in));
         }
-        let tiles = rows * cols.div_ceil(t);
+        let tiles = rows * cols.div_ceil(t / images as usize);
         if !tiles.is_multiple_of(row_subgroups as usize) {
             return Err(format!(
                 "{positions} positions in {row_subgroups} subgroups"
@@ -361,6 +414,7 @@ impl HaloBlock {
             taps_per_step,
             halo: [chunk, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             tap_rows: taps_per_step * chunk as u32,
+            images,
             groups: group_bounds(caps),
         };
         runs_subgroups(caps, subgroups)?;
@@ -372,10 +426,16 @@ impl HaloBlock {
         Ok(block)
     }
 
-    /// Position tiles along a block row: `cols / tile`, or one more where the
-    /// last tile overlaps the one before it.
+    /// Output positions along a row that one position tile covers: the
+    /// tile, or 1 where it stacks images.
+    fn tile_width(&self) -> u32 {
+        self.tile / self.images
+    }
+
+    /// Position tiles along a block row: `cols` over the tile's width, or one
+    /// more where the last tile overlaps the one before it.
     pub fn tiles_w(&self) -> u32 {
-        self.cols.div_ceil(self.tile)
+        self.cols.div_ceil(self.tile_width())
     }
 
     /// Output channels per block.
@@ -386,12 +446,15 @@ impl HaloBlock {
     /// The halo and one step's taps, each padded by 8 halves per row.
     pub fn workgroup_bytes(&self) -> usize {
         let [c_in, h, w] = self.halo.map(|v| v as usize);
-        (h * w * (c_in + 8) + self.tap_rows as usize * (self.channels() + 8)) * 2
+        let images = self.images as usize;
+        (h * w * images * (c_in + 8) + self.tap_rows as usize * (self.channels() + 8)) * 2
     }
 
     /// Blocks of output positions (each by all of a block's channels).
     pub fn blocks(&self, meta: &ConvShapeMeta) -> usize {
-        meta.n * (meta.h_out / self.rows as usize) * (meta.w_out / self.cols as usize)
+        meta.n / self.images as usize
+            * (meta.h_out / self.rows as usize)
+            * (meta.w_out / self.cols as usize)
     }
 
     /// Workgroups: over the blocks of positions, blocks of channels. A
@@ -412,7 +475,7 @@ impl HaloBlock {
 
     /// The constants forward_halo.wgsl expects, for `subgroup` invocations per
     /// subgroup.
-    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 14] {
+    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 15] {
         let [c_in, halo_h, halo_w] = self.halo;
         [
             ("T", self.tile),
@@ -429,6 +492,7 @@ impl HaloBlock {
             ("HALO_H", halo_h),
             ("HALO_W", halo_w),
             ("TAP_ROWS", self.tap_rows),
+            ("IMAGES", self.images),
         ]
     }
 
@@ -444,7 +508,7 @@ impl HaloBlock {
         for i in 0..pt {
             decls += &format!(
                 "    let br_{i} = (sg_m * PT + {i}u) / TILES_W;
-    let bc_{i} = min(((sg_m * PT + {i}u) % TILES_W) * T, BW - T);
+    let bc_{i} = min(((sg_m * PT + {i}u) % TILES_W) * TW, BW - TW);
 "
             );
         }
@@ -459,7 +523,7 @@ impl HaloBlock {
         let mut step = String::new();
         for i in 0..pt {
             step += &format!(
-                "                        let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * LDP + c0 / 4u], LDP);\n"
+                "                        let a_{i} = coopLoadT<{mat}<f16, A>>(&halo[((br_{i} + r) * HALO_W + bc_{i} + s) * IMAGES * LDP + c0 / 4u], LDP);\n"
             );
         }
         for j in 0..ct {
@@ -468,10 +532,17 @@ impl HaloBlock {
             );
         }
         step += &multiply_adds(tiles(), "                        ");
+        // A tile's rows: consecutive positions, or one position of
+        // consecutive images.
+        let row_stride = if self.images > 1 {
+            "H_OUT * W_OUT * C_OUT"
+        } else {
+            "C_OUT"
+        };
         let mut stores = String::new();
         for (i, j) in tiles() {
             stores += &format!(
-                "        coopStoreT(acc_{i}_{j}, &y[((n * H_OUT + oh0 + br_{i}) * W_OUT + ow0 + bc_{i}) * C_OUT + sub_col + {j}u * T], C_OUT);
+                "        coopStoreT(acc_{i}_{j}, &y[((n * H_OUT + oh0 + br_{i}) * W_OUT + ow0 + bc_{i}) * C_OUT + sub_col + {j}u * T], {row_stride});
         acc_{i}_{j} = {};
 ",
                 start(j)
@@ -514,6 +585,7 @@ pub(crate) mod tests {
             taps_per_step: 3,
             halo: [32, 6, 34],
             tap_rows: 96,
+            images: 1,
             groups: [u32::MAX; 2],
         };
         let src = block.core_source(TEMPLATE, 32, Some("bias"));
