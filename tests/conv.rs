@@ -195,8 +195,18 @@ fn cases(turns_images: usize) -> Vec<Case> {
             input: [turns_images, 8, 32, 32],
             params: p(32, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
+        // Outputs narrower than a tile in whole stacks of a tile's images:
+        // the forward's halo kernel stacks them (a position tile is one
+        // position of each image; blocks of 2 rows at tile 8, 4 at 16), 4
+        // channel chunks at tile 8 and 2 blocks of channels; dinput declines.
+        Case {
+            name: "3x3 same, 4 wide, 16 images, stacked halo kernel",
+            input: [16, 4, 4, 32],
+            params: p(64, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
         // Outputs narrower than a tile (4 wide: 2 rows a tile at tile 8, 4 at
-        // 16), which the halo kernels decline to the GEMM core; 3 images.
+        // 16) on 3 images, no whole stack: the halo kernels decline them to
+        // the GEMM core.
         Case {
             name: "3x3 same, 4 wide, narrower than a tile",
             input: [3, 16, 4, 64],
@@ -338,6 +348,12 @@ test_device!(
                             .is_some_and(|b| (b.rows, b.cols, b.subgroups) == (16, 16, [8, 2]))
                     });
                     assert!(whole, "forward {ctx}: not the whole-image halo block");
+                }
+                if case.name.contains("stacked") && coop {
+                    let stacked = ran(ConvDirection::Forward, |_, p| {
+                        p.halo.is_some_and(|b| b.images > 1)
+                    });
+                    assert!(stacked, "forward {ctx}: no stacked position tiles");
                 }
                 if case.name.contains("overlapping") && coop {
                     let overlapping = ran(ConvDirection::Forward, overlaps);

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use super::coop::CoopBlock;
 use super::dweight_halo::DWeightHalo;
-use super::halo::HaloBlock;
+use super::halo::{HaloBlock, Narrow};
 use crate::diagnostics::warn_once;
 use crate::gpu::{GpuCapabilities, GpuContext, GpuSlice, PipelineKey};
 use crate::tensor::{DType, Tensor};
@@ -847,12 +847,18 @@ impl ConvLaunchPlan {
     }
 
     /// This plan with the forward's halo kernel where it fits `meta` (a coop
-    /// plan only), else unchanged.
-    pub(crate) fn with_halo(self, meta: &ConvShapeMeta, caps: &GpuCapabilities) -> Self {
+    /// plan only), outputs narrower than a tile taken as `narrow` says, else
+    /// unchanged.
+    pub(crate) fn with_halo(
+        self,
+        meta: &ConvShapeMeta,
+        caps: &GpuCapabilities,
+        narrow: Narrow,
+    ) -> Self {
         let Some(block) = self.coop else {
             return self;
         };
-        match HaloBlock::fit(block.tile, meta, caps) {
+        match HaloBlock::fit(block.tile, meta, caps, narrow) {
             Ok(halo) => Self {
                 halo: Some(halo),
                 workgroups: halo.grid(meta).map(|g| g as u32),

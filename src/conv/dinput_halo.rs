@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::common::{
     ConvKernel, ConvLaunchPlan, ConvParams, ConvShapeMeta, GEMM_RUN, GemmRuns, IM2COL, Padding, buf,
 };
+use super::halo::Narrow;
 use crate::diagnostics::warn_once;
 use crate::error::Result;
 use crate::gpu::{GpuContext, PipelineKey, flat_grid};
@@ -99,7 +100,7 @@ pub(crate) fn with_dinput_halo(
     let Some(t) = transposed(meta) else {
         return gemm;
     };
-    let halo = gemm.with_halo(&t, ctx.caps());
+    let halo = gemm.with_halo(&t, ctx.caps(), Narrow::Decline);
     let compiles = || {
         KERNEL.pipeline(ctx, &halo, &t).is_some()
             && ctx

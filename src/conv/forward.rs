@@ -7,6 +7,7 @@ use super::common::{
     GEMM_RUN, GemmRuns, IM2COL, accepts_operand, buf, expect_dims, gpu_operand, host_values,
     plan_first, same_device,
 };
+use super::halo::Narrow;
 use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
 use crate::error::{AetherError, Result};
 use crate::tensor::{DType, Shape, Tensor};
@@ -76,7 +77,7 @@ pub fn conv2d_forward(
             )?;
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.
-            let halo = gemm.with_halo(&meta, ctx.caps());
+            let halo = gemm.with_halo(&meta, ctx.caps(), Narrow::Stack);
             let compiles = || {
                 KERNEL
                     .pipeline_for_inputs(ctx, &halo, &meta, &x_f32)

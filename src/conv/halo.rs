@@ -24,12 +24,24 @@ pub const GROUPS_ENV: &str = "AETHER_HALO_GROUPS";
 
 /// Environment variable for tuning: `1` stacks the tile's count of images
 /// in each position tile, one output position of each (the halo staged
-/// image by image at each pixel); `0`, the default, takes a tile of
-/// consecutive positions of one image. Stacked tiles fit outputs narrower
-/// than a tile, as the v1 model's 8 x 8 conv's, whose blocks then stage 2.5
-/// pixels per output where the GEMM core stages 9 (docs/perf-notes.md,
-/// entry 82). Pinned only: the rule stacks none.
+/// image by image at each pixel), `0` takes a tile of consecutive positions
+/// of one image; unset, the rule: stacked for forwards whose outputs are
+/// narrower than a tile ([`Narrow::Stack`]), else not.
 pub const STACK_ENV: &str = "AETHER_HALO_STACK";
+
+/// What a halo kernel does with outputs narrower than a tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Narrow {
+    /// Position tiles stack the tile's count of images, one output position
+    /// of each: the forward's rule. On an H100 (docs/perf-notes.md, entry
+    /// 82) the v1 model's 8x8x64->128 forward took 22.2 us in [`STACKED_RULE`]'s
+    /// blocks against the GEMM core's 24.7: they stage 2.5 input pixels per
+    /// output, where the core's im2col stages 9.
+    Stack,
+    /// The GEMM core runs: dinput's transposed conv on the same layer took
+    /// 35.9-41.6 us stacked against the core's 33.8.
+    Decline,
+}
 
 /// Workgroups per compute unit the halo kernels launch at most, where the
 /// adapter's count of units is known (else one per block). Measured on the
@@ -54,6 +66,13 @@ pub const GROUPS_PER_UNIT: u32 = 2;
 const RULE_BLOCKS: [(usize, u32, u32, u32); 3] = [(256, 4, 16, 2), (256, 2, 16, 2), (128, 2, 8, 1)];
 /// Input channels a block stages at a time where the input has more.
 const CHANNEL_CHUNK: usize = 32;
+/// The block of stacked position tiles: a tile's positions (2 rows of the v1
+/// model's 8-wide output) by 4 channel tiles over 8 x 2 subgroups, 3 taps a
+/// step, a tile of input channels a stage (37.6 KiB at tile 16; 32 channels
+/// would take 53). Swept on an H100 (entry 82): 8 or 32 positions, 2 or 8
+/// channel tiles, 1 or 9 taps, 8 or 32 subgroups, 1 or 4 columns were 9-220%
+/// slower.
+const STACKED_RULE: (u32, u32, u32, u32) = (4, 3, 16, 2);
 /// Filter taps one step stages, where the filter has that many; else one
 /// filter row.
 const TAPS: usize = 3;
@@ -68,10 +87,33 @@ const RULE_BYTES: usize = 42 * 1024;
 /// the rule's).
 type BlockSize = (usize, u32, u32, u32, u32, Option<usize>);
 
-/// The block sizes to try for a filter of `taps` taps in rows of `row`: the
-/// tuning override, or the rule's, in order.
-fn block_sizes(taps: usize, row: usize) -> std::result::Result<Vec<BlockSize>, String> {
+/// The block sizes to try for a filter of `taps` taps in rows of `row`, at
+/// `tile` with position tiles of `images` images: the tuning override, or
+/// the rule's, in order.
+fn block_sizes(
+    taps: usize,
+    row: usize,
+    tile: u32,
+    images: u32,
+) -> std::result::Result<Vec<BlockSize>, String> {
     let Ok(text) = std::env::var(HALO_ENV) else {
+        if images > 1 {
+            let (tiles, step, subgroups, columns) = STACKED_RULE;
+            let step = if taps.is_multiple_of(step as usize) {
+                step
+            } else {
+                row as u32
+            };
+            let positions = tile as usize;
+            return Ok(vec![(
+                positions,
+                tiles,
+                step,
+                subgroups,
+                columns,
+                Some(positions),
+            )]);
+        }
         let step = if taps.is_multiple_of(TAPS) { TAPS } else { row } as u32;
         return Ok(RULE_BLOCKS
             .iter()
@@ -149,10 +191,16 @@ fn group_bounds(caps: &GpuCapabilities) -> [u32; 2] {
     [groups; 2]
 }
 
-/// Images a position tile stacks at `tile`: the tile where the tuning
-/// override says `1`, else 1.
-fn stacked_images(tile: u32) -> std::result::Result<u32, String> {
+/// Images a position tile stacks at `tile` for `meta`: the tile where the
+/// tuning override says `1`, 1 where it says `0`; unset, the tile for a
+/// narrow output where `narrow` stacks, else 1.
+fn stacked_images(
+    tile: u32,
+    meta: &ConvShapeMeta,
+    narrow: Narrow,
+) -> std::result::Result<u32, String> {
     match std::env::var(STACK_ENV).as_deref().map(str::trim) {
+        Err(_) if narrow == Narrow::Stack && meta.w_out < tile as usize => Ok(tile),
         Err(_) | Ok("0") => Ok(1),
         Ok("1") => Ok(tile),
         Ok(text) => {
@@ -334,15 +382,18 @@ pub struct HaloBlock {
 
 impl HaloBlock {
     /// The first block of the rule's (or the pinned one) that fits `meta` at
-    /// `tile`, or why none does (the GEMM core then runs).
+    /// `tile`, outputs narrower than a tile taken as `narrow` says, or why
+    /// none does (the GEMM core then runs).
     pub fn fit(
         tile: u32,
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
+        narrow: Narrow,
     ) -> std::result::Result<Self, String> {
+        let images = stacked_images(tile, meta, narrow)?;
         let mut declined = Vec::new();
-        for size in block_sizes(meta.r * meta.s, meta.s)? {
-            match Self::fit_size(tile, meta, caps, size) {
+        for size in block_sizes(meta.r * meta.s, meta.s, tile, images)? {
+            match Self::fit_size(tile, meta, caps, images, size) {
                 Ok(block) => return Ok(block),
                 Err(why) => declined.push(why),
             }
@@ -350,7 +401,8 @@ impl HaloBlock {
         Err(declined.join("; "))
     }
 
-    /// The block of `size` for `meta` at `tile`, or why it does not fit:
+    /// The block of `size` for `meta` at `tile` with position tiles of
+    /// `images` images, or why it does not fit:
     /// stride 1, no dilation and a filter over 1x1, whole blocks or rows (so
     /// every tile goes straight into the output), channel counts that tile,
     /// and workgroup memory and invocations within the adapter's limits.
@@ -358,6 +410,7 @@ impl HaloBlock {
         tile: u32,
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
+        images: u32,
         (positions, block_tiles, taps_per_step, subgroups, columns, chunk): BlockSize,
     ) -> std::result::Result<Self, String> {
         let t = tile as usize;
@@ -368,7 +421,6 @@ impl HaloBlock {
                 "{block_tiles} channel tiles or {subgroups} subgroups in {columns} columns"
             ));
         }
-        let images = stacked_images(tile)?;
         let (rows, cols) = if images > 1 {
             stacked_blocks(tile, meta, positions)?
         } else {
@@ -647,7 +699,7 @@ pub(crate) mod tests {
         let large = meta([256, 56, 56, 64], 64);
         let conv3 = meta([256, 16, 16, 32], 64);
         // An unknown discrete adapter: one workgroup per block.
-        let block = HaloBlock::fit(16, &large, &caps()).unwrap();
+        let block = HaloBlock::fit(16, &large, &caps(), Narrow::Stack).unwrap();
         assert_eq!(block.grid(&large), [block.blocks(&large), 1, 1]);
         // An H200's 132 units: 2 workgroups each over the large shape's
         // 3584 blocks; over the v1 32 -> 64 conv's 256 blocks one each, so
@@ -656,12 +708,12 @@ pub(crate) mod tests {
             adapter_name: "NVIDIA H200".into(),
             ..caps()
         };
-        let block = HaloBlock::fit(16, &large, &h200).unwrap();
+        let block = HaloBlock::fit(16, &large, &h200, Narrow::Stack).unwrap();
         assert_eq!(
             (block.blocks(&large), block.grid(&large)),
             (3584, [264, 1, 1])
         );
-        let block = HaloBlock::fit(16, &conv3, &h200).unwrap();
+        let block = HaloBlock::fit(16, &conv3, &h200, Narrow::Stack).unwrap();
         assert_eq!(
             (block.blocks(&conv3), block.grid(&conv3)),
             (256, [132, 1, 1])
@@ -677,7 +729,7 @@ pub(crate) mod tests {
         };
         let caps = caps();
         let conv2 = meta([256, 32, 32, 32], 32);
-        let block = HaloBlock::fit(16, &conv2, &caps).unwrap();
+        let block = HaloBlock::fit(16, &conv2, &caps, Narrow::Stack).unwrap();
         assert_eq!((block.rows, block.cols, block.position_tiles), (8, 32, 2));
         assert_eq!((block.subgroups, block.channel_tiles), ([8, 2], 1));
         // 10 x 34 pixels of 40 halves, 3 x 32 tap rows of 40 halves.
@@ -686,40 +738,52 @@ pub(crate) mod tests {
         // 32 -> 64 at 16 x 16: the first rule block, a whole image by 64
         // channels: 18 x 18 pixels of 40 halves, 3 x 32 tap rows of 72.
         let conv3 = meta([256, 16, 16, 32], 64);
-        let block = HaloBlock::fit(16, &conv3, &caps).unwrap();
+        let block = HaloBlock::fit(16, &conv3, &caps, Narrow::Stack).unwrap();
         assert_eq!((block.rows, block.cols, block.subgroups), (16, 16, [8, 2]));
         assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
         assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
         assert_eq!(block.grid(&conv3), [256, 1, 1]);
         // 64 -> 64 stages 32 input channels at a time: the same sizes.
         let conv4 = meta([256, 16, 16, 64], 64);
-        let block = HaloBlock::fit(16, &conv4, &caps).unwrap();
+        let block = HaloBlock::fit(16, &conv4, &caps, Narrow::Stack).unwrap();
         assert_eq!(block.halo, [32, 18, 18]);
         assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
         // Where the adapter has less workgroup memory, the last rule block.
         let mut small = caps.clone();
         small.limits.max_compute_workgroup_storage_size = 32 * 1024;
-        let block = HaloBlock::fit(16, &conv4, &small).unwrap();
+        let block = HaloBlock::fit(16, &conv4, &small, Narrow::Stack).unwrap();
         assert_eq!((block.rows, block.cols, block.channel_tiles), (8, 16, 2));
         assert_eq!(block.workgroup_bytes(), (10 * 18 * 40 + 96 * 40) * 2);
         // The large bench shape, 56 wide: 4 whole rows a block, tiles from
         // columns 0, 16, 32 and 40; 6 x 58 pixels of 40 halves.
         let large = meta([256, 56, 56, 64], 64);
-        let block = HaloBlock::fit(16, &large, &caps).unwrap();
+        let block = HaloBlock::fit(16, &large, &caps, Narrow::Stack).unwrap();
         assert_eq!((block.rows, block.cols, block.tiles_w()), (4, 56, 4));
         assert_eq!(block.workgroup_bytes(), (6 * 58 * 40 + 96 * 72) * 2);
         assert_eq!(block.grid(&large), [256 * 14, 1, 1]);
         // A 1x1 conv shares no taps: the GEMM core runs it.
         let pointwise = ConvShapeMeta::new([1, 64, 64, 64], &ConvParams::new(64, 1, Padding::Same));
-        assert!(HaloBlock::fit(16, &pointwise.unwrap(), &caps).is_err());
-        // 8 x 8 outputs are narrower than a tile; stride 2 has no halo.
+        assert!(HaloBlock::fit(16, &pointwise.unwrap(), &caps, Narrow::Stack).is_err());
+        // 8 x 8 outputs are narrower than a tile: the forward stacks 16
+        // images a tile, 2 rows a block; 4 x 10 pixels of 16 images of 24
+        // halves, 3 x 16 tap rows of 72; 16 image stacks of 4 blocks by 2 of
+        // channels. dinput declines them, and so does a batch of no whole
+        // stacks. Stride 2 has no halo.
         let conv5 = meta([256, 8, 8, 64], 128);
-        assert!(HaloBlock::fit(16, &conv5, &caps).is_err());
+        let block = HaloBlock::fit(16, &conv5, &caps, Narrow::Stack).unwrap();
+        assert_eq!((block.images, block.rows, block.cols), (16, 2, 8));
+        assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
+        assert_eq!((block.halo, block.tiles_w()), ([16, 4, 10], 8));
+        assert_eq!(block.workgroup_bytes(), (4 * 10 * 16 * 24 + 48 * 72) * 2);
+        assert_eq!(block.grid(&conv5), [64, 2, 1]);
+        assert!(HaloBlock::fit(16, &conv5, &caps, Narrow::Decline).is_err());
+        let ragged = meta([100, 8, 8, 64], 128);
+        assert!(HaloBlock::fit(16, &ragged, &caps, Narrow::Stack).is_err());
         let strided = ConvParams {
             stride: (2, 2),
             ..ConvParams::new(32, 3, Padding::Same)
         };
         let strided = ConvShapeMeta::new([2, 32, 32, 32], &strided).unwrap();
-        assert!(HaloBlock::fit(16, &strided, &caps).is_err());
+        assert!(HaloBlock::fit(16, &strided, &caps, Narrow::Stack).is_err());
     }
 }
