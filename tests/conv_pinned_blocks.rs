@@ -68,15 +68,6 @@ fn pins() -> Vec<Pin> {
             direction: ConvDirection::Forward,
             ran: |p| p.halo.is_some_and(|b| b.images == b.tile && b.rows == 2),
         },
-        // dweight's K tiles stacking a tile's images (pinned only), on 4-wide
-        // outputs: 2 rows a block at tile 8, 1 at 16.
-        Pin {
-            vars: &[(STACK_ENV, "1")],
-            input: [16, 4, 4, 32],
-            c_out: 64,
-            direction: ConvDirection::DWeight,
-            ran: |p| p.dweight_halo.is_some_and(|b| b.images == b.tile),
-        },
     ]
 }
 

@@ -19,32 +19,23 @@
 // chunk (every matrix store is unconditional: naga wants them in uniform
 // control flow), of which dweight_reduce.wgsl reads row K.
 //
-// Where IMAGES is the tile (set by the host), the K tiles stack images as
-// the forward's halo kernel's position tiles do: a block is BH x BW positions
-// of IMAGES consecutive images, staged image by image at each pixel and
-// position, and each A and B tile is one position of the IMAGES images. This
-// fits outputs narrower than a tile.
-//
-// Written in by the host (src/conv/dweight_halo.rs): T, SUBGROUP, BH, BW,
-// HALO_H, HALO_W, TAPS (= R * S), BIAS_ROWS, IMAGES, and the pieces marked
-// `// generated:`.
+// Written in by the host (src/conv/halo.rs): T, SUBGROUP, BH, BW, HALO_H,
+// HALO_W, TAPS (= R * S), BIAS_ROWS, and the pieces marked `// generated:`.
 
 const CB: u32 = 2u * T;
 const THREADS: u32 = (TAPS + 1u) * SUBGROUP;
 // Pixel and position strides in vec4<f16>: the chunk's channels plus 8 halves.
 const LDP: u32 = CB / 4u + 2u;
-const HALO_RUNS: u32 = HALO_H * HALO_W * IMAGES * (CB / 8u);
-const DY_RUNS: u32 = BH * BW * IMAGES * (CB / 8u);
-// Positions a K tile covers along a row: T, or 1 where it stacks images.
-const TW: u32 = T / IMAGES;
+const HALO_RUNS: u32 = HALO_H * HALO_W * (CB / 8u);
+const DY_RUNS: u32 = BH * BW * (CB / 8u);
 // After the halo: T halves of ones, the dbias subgroup's A tile (stride 0).
-const ONES: u32 = HALO_H * HALO_W * IMAGES * LDP;
+const ONES: u32 = HALO_H * HALO_W * LDP;
 
 const HALO_SLOTS: u32 = (HALO_RUNS + THREADS - 1u) / THREADS;
 const DY_SLOTS: u32 = (DY_RUNS + THREADS - 1u) / THREADS;
 
 var<workgroup> halo: array<vec4<f16>, ONES + T / 4u>;
-var<workgroup> dys: array<vec4<f16>, BH * BW * IMAGES * LDP>;
+var<workgroup> dys: array<vec4<f16>, BH * BW * LDP>;
 
 // A block's operands on their way from global to workgroup memory.
 struct BlockRuns {
@@ -53,11 +44,11 @@ struct BlockRuns {
 }
 
 // Reads this thread's runs of block `block` (image-major, then block rows)
-// from global memory: halo slot and dy slot g / (CB / 8) (a pixel or
-// position, then its image), channels 8 at a time.
+// from global memory: halo pixel g / (CB / 8) and dy position g / (CB / 8),
+// channels 8 at a time.
 fn fetch_block(regs: ptr<function, BlockRuns>, block: u32, ci0: u32, co0: u32, lidx: u32) {
     let blocks_w = W_OUT / BW;
-    let n = block / ((H_OUT / BH) * blocks_w) * IMAGES;
+    let n = block / ((H_OUT / BH) * blocks_w);
     let within = block % ((H_OUT / BH) * blocks_w);
     let oh0 = (within / blocks_w) * BH;
     let ow0 = (within % blocks_w) * BW;
@@ -65,21 +56,19 @@ fn fetch_block(regs: ptr<function, BlockRuns>, block: u32, ci0: u32, co0: u32, l
     let iw0 = i32(ow0) - i32(PAD_LEFT);
     for (var s = 0u; s < HALO_SLOTS; s++) {
         let g = lidx + s * THREADS;
-        let pixel = g / (CB / 8u) / IMAGES;
-        let image = g / (CB / 8u) % IMAGES;
+        let pixel = g / (CB / 8u);
         var run = Run();
         if (g < HALO_RUNS) {
-            run = x_pixel_run(n + image, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), ci0 + (g % (CB / 8u)) * 8u);
+            run = x_pixel_run(n, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), ci0 + (g % (CB / 8u)) * 8u);
         }
         (*regs).halo[s] = run;
     }
     for (var s = 0u; s < DY_SLOTS; s++) {
         let g = lidx + s * THREADS;
-        let p = g / (CB / 8u) / IMAGES;
-        let image = g / (CB / 8u) % IMAGES;
+        let p = g / (CB / 8u);
         var run = Run();
         if (g < DY_RUNS) {
-            let position = ((n + image) * H_OUT + oh0 + p / BW) * W_OUT + ow0 + p % BW;
+            let position = (n * H_OUT + oh0 + p / BW) * W_OUT + ow0 + p % BW;
             run = dy_run(i32(position * C_OUT + co0 + (g % (CB / 8u)) * 8u));
         }
         (*regs).dy[s] = run;
@@ -117,7 +106,7 @@ fn main(
     let chunks_in = C_IN / CB;
     let ci0 = (wid.y % chunks_in) * CB;
     let co0 = (wid.y / chunks_in) * CB;
-    let blocks = params.n / IMAGES * (H_OUT / BH) * (W_OUT / BW);
+    let blocks = params.n * (H_OUT / BH) * (W_OUT / BW);
     // The tap this subgroup owns; the last subgroup (TAPS) does dbias with ones.
     let is_bias = sg == TAPS;
     let tap = min(sg, TAPS - 1u);
@@ -142,9 +131,9 @@ fn main(
         if (next < blocks) {
             fetch_block(&regs, next, ci0, co0, lidx);
         }
-        for (var p0 = 0u; p0 < BH * BW; p0 += TW) {
-            // TW positions along block row p0 / BW, from column p0 % BW.
-            let a_at = select(((p0 / BW + r) * HALO_W + p0 % BW + s) * IMAGES * LDP, ONES, is_bias);
+        for (var p0 = 0u; p0 < BH * BW; p0 += T) {
+            // T positions along block row p0 / BW, from column p0 % BW.
+            let a_at = select(((p0 / BW + r) * HALO_W + p0 % BW + s) * LDP, ONES, is_bias);
             // generated: 2 loads of A (halo, or ones for dbias), 2 of B, 4 multiply-adds
         }
     }

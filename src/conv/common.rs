@@ -875,7 +875,7 @@ impl ConvLaunchPlan {
         let Some(block) = self.coop else {
             return self;
         };
-        let Ok(halo) = DWeightHalo::fit(block.tile, meta, caps, Narrow::Decline) else {
+        let Ok(halo) = DWeightHalo::fit(block.tile, meta, caps) else {
             return self;
         };
         let partial_bytes = halo.slices as usize * DWeightHalo::partial_rows(meta) * meta.c_out * 4;

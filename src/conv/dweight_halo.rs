@@ -7,13 +7,12 @@
 use super::common::ConvShapeMeta;
 use super::coop::{const_lines, fill_template, multiply_adds};
 use super::dweight::pinned_split_per_unit;
-use super::halo::{Narrow, fits_memory, runs_subgroups, stacked_images, whole_blocks};
+use super::halo::{fits_memory, runs_subgroups, whole_blocks};
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
 /// Environment variable for tuning: `0` turns dweight's halo kernel off (the
-/// GEMM core runs), a number pins the output positions of its blocks
-/// (counting each of a stack's images, where K tiles stack them).
+/// GEMM core runs), a number pins the output positions of its blocks.
 pub const DWEIGHT_HALO_ENV: &str = "AETHER_DWEIGHT_HALO";
 
 /// Output positions per block. Measured on the H200 (docs/perf-notes.md,
@@ -44,24 +43,6 @@ fn block_positions() -> std::result::Result<usize, String> {
     }
 }
 
-/// The `(rows, cols)` of a block of whole output rows of a stack of `tile`
-/// images, about `positions` image positions (at least one row), or why
-/// the shape has none.
-fn stacked_rows(
-    tile: u32,
-    meta: &ConvShapeMeta,
-    positions: usize,
-) -> std::result::Result<(usize, usize), String> {
-    let rows = (positions / (meta.w_out * tile as usize)).max(1);
-    if !meta.h_out.is_multiple_of(rows) || !meta.n.is_multiple_of(tile as usize) {
-        return Err(format!(
-            "{} images of {}x{} outputs are not whole stacks of {tile} by {rows} rows",
-            meta.n, meta.h_out, meta.w_out
-        ));
-    }
-    Ok((rows, meta.w_out))
-}
-
 /// Chunks of 2 tiles of input by 2 tiles of output channels at `tile`.
 fn channel_chunks(tile: u32, meta: &ConvShapeMeta) -> usize {
     let chunk = 2 * tile as usize;
@@ -69,7 +50,7 @@ fn channel_chunks(tile: u32, meta: &ConvShapeMeta) -> usize {
 }
 
 /// One workgroup's share: a slice of the blocks of `rows x cols` output
-/// positions (of `images` images each), for one chunk of 2 tiles of input by 2 tiles of output
+/// positions, for one chunk of 2 tiles of input by 2 tiles of output
 /// channels, with one subgroup per filter tap and one for dbias.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DWeightHalo {
@@ -81,30 +62,20 @@ pub struct DWeightHalo {
     pub halo: [u32; 2],
     /// Slices of the blocks (the grid's x): the split-K of the GEMM core.
     pub slices: u32,
-    /// Images a K tile stacks: 1 (a tile is `tile` consecutive positions of
-    /// one image) or the tile (one position of `tile` images).
-    pub images: u32,
 }
 
 impl DWeightHalo {
     /// The block for `meta` at `tile`, with about 2 workgroups per compute
-    /// unit (the adapter's estimate), outputs narrower than a tile taken as
-    /// `narrow` says, or why the kernel does not apply (the GEMM core then
-    /// runs).
+    /// unit (the adapter's estimate), or why the kernel does not apply (the
+    /// GEMM core then runs).
     pub fn fit(
         tile: u32,
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
-        narrow: Narrow,
     ) -> std::result::Result<Self, String> {
         let positions = block_positions()?;
         let t = tile as usize;
-        let images = stacked_images(tile, meta, narrow)?;
-        let (rows, cols) = if images > 1 {
-            stacked_rows(tile, meta, positions)?
-        } else {
-            whole_blocks(tile, meta, positions)?
-        };
+        let (rows, cols) = whole_blocks(tile, meta, positions)?;
         if !meta.c_in.is_multiple_of(2 * t) || !meta.c_out.is_multiple_of(2 * t) {
             return Err(format!(
                 "channels {} -> {} are not whole chunks of {}",
@@ -116,7 +87,7 @@ impl DWeightHalo {
         let taps = (meta.r * meta.s) as u32;
         runs_subgroups(caps, taps + 1)?;
         let chunks = channel_chunks(tile, meta);
-        let blocks = meta.n / images as usize * (meta.h_out / rows) * (meta.w_out / cols);
+        let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
         let units = caps.estimated_compute_units() as usize;
         let per_unit = pinned_split_per_unit().unwrap_or(2) as usize;
         let slices = (per_unit * units / chunks).clamp(1, blocks);
@@ -127,7 +98,6 @@ impl DWeightHalo {
             taps,
             halo: [rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             slices: slices as u32,
-            images,
         };
         fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, DWEIGHT_HALO_ENV)?;
         Ok(block)
@@ -138,9 +108,7 @@ impl DWeightHalo {
     pub fn workgroup_bytes(&self) -> usize {
         let pixel = 2 * self.tile as usize + 8;
         let [h, w] = self.halo.map(|v| v as usize);
-        let positions = (self.rows * self.cols) as usize;
-        let images = self.images as usize;
-        ((h * w + positions) * images * pixel + self.tile as usize) * 2
+        (h * w * pixel + (self.rows * self.cols) as usize * pixel + self.tile as usize) * 2
     }
 
     /// Rows of each slice's partial sums: the `K` rows of dW, then `C_in`
@@ -155,7 +123,7 @@ impl DWeightHalo {
     }
 
     /// The constants dweight_halo.wgsl expects.
-    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 9] {
+    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 8] {
         let [halo_h, halo_w] = self.halo;
         [
             ("T", self.tile),
@@ -166,7 +134,6 @@ impl DWeightHalo {
             ("HALO_W", halo_w),
             ("TAPS", self.taps),
             ("BIAS_ROWS", meta.c_in as u32),
-            ("IMAGES", self.images),
         ]
     }
 
@@ -192,7 +159,7 @@ impl DWeightHalo {
         }
         for j in 0..2 {
             step += &format!(
-                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&dys[p0 * IMAGES * LDP + {j}u * T / 4u], LDP);\n"
+                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&dys[p0 * LDP + {j}u * T / 4u], LDP);\n"
             );
         }
         step += &multiply_adds(tiles.into_iter(), "            ");
@@ -232,7 +199,6 @@ mod tests {
             taps: 9,
             halo: [6, 34],
             slices: 4,
-            images: 1,
         };
         let src = block.core_source(TEMPLATE, 32, &m);
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
@@ -250,21 +216,21 @@ mod tests {
         };
         // The v1 32 -> 32 conv at batch 256: 2 x 32 blocks, one channel chunk.
         let conv2 = meta([256, 32, 32, 32], 32);
-        let block = DWeightHalo::fit(16, &conv2, &caps, Narrow::Decline).unwrap();
+        let block = DWeightHalo::fit(16, &conv2, &caps).unwrap();
         assert_eq!((block.rows, block.cols, block.slices), (2, 32, 264));
         assert_eq!(block.grid(&conv2), [264, 1, 1]);
         assert_eq!(block.workgroup_bytes(), (4 * 34 * 40 + 64 * 40 + 16) * 2);
         assert_eq!(DWeightHalo::partial_rows(&conv2), 288 + 32);
         // 64 -> 64: four channel chunks share the slices.
         let conv4 = meta([256, 16, 16, 64], 64);
-        let block = DWeightHalo::fit(16, &conv4, &caps, Narrow::Decline).unwrap();
+        let block = DWeightHalo::fit(16, &conv4, &caps).unwrap();
         assert_eq!(block.grid(&conv4), [66, 4, 1]);
         // 3 input channels are no chunk; 8 x 8 outputs no whole blocks.
-        assert!(DWeightHalo::fit(16, &meta([256, 32, 32, 3], 32), &caps, Narrow::Decline).is_err());
-        assert!(DWeightHalo::fit(16, &meta([256, 8, 8, 64], 128), &caps, Narrow::Decline).is_err());
+        assert!(DWeightHalo::fit(16, &meta([256, 32, 32, 3], 32), &caps).is_err());
+        assert!(DWeightHalo::fit(16, &meta([256, 8, 8, 64], 128), &caps).is_err());
         // A 1x1 conv shares no taps (the 4096^3 GEMM of the conv bench).
         let pointwise = ConvParams::new(4096, 1, Padding::Same);
         let pointwise = ConvShapeMeta::new([1, 64, 64, 4096], &pointwise).unwrap();
-        assert!(DWeightHalo::fit(16, &pointwise, &caps, Narrow::Decline).is_err());
+        assert!(DWeightHalo::fit(16, &pointwise, &caps).is_err());
     }
 }

@@ -194,7 +194,7 @@ fn group_bounds(caps: &GpuCapabilities) -> [u32; 2] {
 /// Images a position tile stacks at `tile` for `meta`: the tile where the
 /// tuning override says `1`, 1 where it says `0`; unset, the tile for a
 /// narrow output where `narrow` stacks, else 1.
-pub(crate) fn stacked_images(
+fn stacked_images(
     tile: u32,
     meta: &ConvShapeMeta,
     narrow: Narrow,
