@@ -34,12 +34,12 @@ pub const STACK_ENV: &str = "AETHER_HALO_STACK";
 pub enum Narrow {
     /// Position tiles stack the tile's count of images, one output position
     /// of each: the forward's rule. On an H100 (docs/perf-notes.md, entry
-    /// 82) the v1 model's 8x8x64->128 forward took 22.2 us in [`STACKED_RULE`]'s
+    /// 82) the v1 model's 8x8x64->128 forward took 22.2 us in the rule's
     /// blocks against the GEMM core's 24.7: they stage 2.5 input pixels per
     /// output, where the core's im2col stages 9.
     Stack,
     /// The GEMM core runs: dinput's transposed conv on the same layer took
-    /// 35.9-41.6 us stacked against the core's 33.8.
+    /// 35.7-62.6 us in the stacked blocks that fit, against the core's 33.7.
     Decline,
 }
 
@@ -69,9 +69,9 @@ const CHANNEL_CHUNK: usize = 32;
 /// The block of stacked position tiles: a tile's positions (2 rows of the v1
 /// model's 8-wide output) by 4 channel tiles over 8 x 2 subgroups, 3 taps a
 /// step, a tile of input channels a stage (37.6 KiB at tile 16; 32 channels
-/// would take 53). Swept on an H100 (entry 82): 8 or 32 positions, 2 or 8
-/// channel tiles, 1 or 9 taps, 8 or 32 subgroups, 1 or 4 columns were 9-220%
-/// slower.
+/// would take 53, and so would 32 positions). Swept on an H100 (entry 82, 20
+/// other blocks): 8 positions, 2 or 8 channel tiles, 1 or 9 taps, 8 or 32
+/// subgroups, 1 or 4 columns were 9-219% slower.
 const STACKED_RULE: (u32, u32, u32, u32) = (4, 3, 16, 2);
 /// Filter taps one step stages, where the filter has that many; else one
 /// filter row.
