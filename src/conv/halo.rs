@@ -24,9 +24,10 @@ pub const GROUPS_ENV: &str = "AETHER_HALO_GROUPS";
 
 /// Environment variable for tuning: `1` stacks the tile's count of images
 /// in each position tile, one output position of each (the halo staged
-/// image by image at each pixel), `0` takes a tile of consecutive positions
-/// of one image; unset, the rule: stacked for forwards whose outputs are
-/// narrower than a tile ([`Narrow::Stack`]), else not.
+/// image by image at each pixel), wherever a block of whole output rows
+/// fits; `0` takes a tile of consecutive positions of one image; unset, the
+/// rule: stacked for forwards whose outputs are narrower than a tile
+/// ([`Narrow::Stack`]), else not.
 pub const STACK_ENV: &str = "AETHER_HALO_STACK";
 
 /// What a halo kernel does with outputs narrower than a tile.
