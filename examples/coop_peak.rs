@@ -204,11 +204,7 @@ impl Config {
             src +=
                 &format!("    var op_{o} = coopLoad<{mat}<f16, {role}>>(&src[{o}u * T * T], T);\n");
         }
-        for i in 0..tm {
-            for j in 0..tn {
-                src += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
-            }
-        }
+        src += &self.accumulators(&mat);
         src += "    for (var round = 0u; round < ROUNDS; round++) {\n";
         if self.operands != Operands::Registers {
             src += &format!("        let slice = (round % {SLICES}u) * SLICE;\n");
@@ -309,11 +305,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var regs_b: array<Run, B_SLOTS>;
     fetch_all(&regs_a, &regs_b, 0u, lidx, wid.x);
 "#;
-        for i in 0..tm {
-            for j in 0..tn {
-                src += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
-            }
-        }
+        src += &self.accumulators(&mat);
         let mut multiply = String::from("        for (var kk = 0u; kk < BK; kk += T) {\n");
         for i in 0..tm {
             multiply += &format!(
@@ -364,11 +356,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             sg_m = self.subgroups / 4,
             threads = self.subgroups * lanes,
         );
-        for i in 0..tm {
-            for j in 0..tn {
-                src += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
-            }
-        }
+        src += &self.accumulators(&mat);
         src += "    for (var round = 0u; round < ROUNDS; round++) {\n\
                  \x20       let k = (round % 36u) * T;\n\
                  \x20       let tap = k / CHANNELS;\n\
@@ -386,6 +374,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         src += &multiply_adds(tm, tn);
         src += "    }\n";
         src += &self.stores();
+        src
+    }
+
+    /// The TM x TN accumulator tiles, zeroed.
+    fn accumulators(&self, mat: &str) -> String {
+        let [tm, tn] = self.tiles;
+        let mut src = String::new();
+        for i in 0..tm {
+            for j in 0..tn {
+                src += &format!("    var acc_{i}_{j} = {mat}<f32, C>();\n");
+            }
+        }
         src
     }
 
