@@ -307,16 +307,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 "#;
         src += &self.accumulators(&mat);
         let mut multiply = String::from("        for (var kk = 0u; kk < BK; kk += T) {\n");
-        for i in 0..tm {
-            multiply += &format!(
-                "            let a_{i} = coopLoadT<{mat}<f16, A>>(&stage_a[(sub_row + {i}u * T) * LDA + kk / 4u], LDA);\n"
-            );
-        }
-        for j in 0..tn {
-            multiply += &format!(
-                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&stage_b[kk * LDB + (sub_col + {j}u * T) / 4u], LDB);\n"
-            );
-        }
+        multiply += &operand_loads(
+            &mat,
+            [tm, tn],
+            |i| format!("&stage_a[(sub_row + {i}u * T) * LDA + kk / 4u], LDA"),
+            |j| format!("&stage_b[kk * LDB + (sub_col + {j}u * T) / 4u], LDB"),
+        );
         multiply += &multiply_adds(tm, tn);
         multiply += "        }\n";
         src += "    for (var round = 0u; round < ROUNDS; round++) {\n\
@@ -361,16 +357,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                  \x20       let k = (round % 36u) * T;\n\
                  \x20       let tap = k / CHANNELS;\n\
                  \x20       let shift = (tap / 3u) * 8u + tap % 3u;\n";
-        for i in 0..tm {
-            src += &format!(
-                "        let a_{i} = coopLoadT<{mat}<f16, A>>(&src[(first + {i}u * T + shift) * CHANNELS + k % CHANNELS], CHANNELS);\n"
-            );
-        }
-        for j in 0..tn {
-            src += &format!(
-                "        let b_{j} = coopLoadT<{mat}<f16, B>>(&src[WEIGHTS + k * WIDTH + sub_col + {j}u * T], WIDTH);\n"
-            );
-        }
+        src += &operand_loads(
+            &mat,
+            [tm, tn],
+            |i| format!("&src[(first + {i}u * T + shift) * CHANNELS + k % CHANNELS], CHANNELS"),
+            |j| format!("&src[WEIGHTS + k * WIDTH + sub_col + {j}u * T], WIDTH"),
+        );
         src += &multiply_adds(tm, tn);
         src += "    }\n";
         src += &self.stores();
@@ -579,6 +571,30 @@ fn configs() -> Vec<Config> {
         }
     }
     configs
+}
+
+/// `let a_i = coopLoadT(...)` for the TM A tiles and `let b_j` for the TN B
+/// tiles, each from the pointer and stride `a(i)` / `b(j)` give.
+fn operand_loads(
+    mat: &str,
+    [tm, tn]: [u32; 2],
+    a: impl Fn(u32) -> String,
+    b: impl Fn(u32) -> String,
+) -> String {
+    let mut out = String::new();
+    for i in 0..tm {
+        out += &format!(
+            "            let a_{i} = coopLoadT<{mat}<f16, A>>({});\n",
+            a(i)
+        );
+    }
+    for j in 0..tn {
+        out += &format!(
+            "            let b_{j} = coopLoadT<{mat}<f16, B>>({});\n",
+            b(j)
+        );
+    }
+    out
 }
 
 /// `acc_i_j = coopMultiplyAdd(a_i, b_j, acc_i_j)` for every tile.
