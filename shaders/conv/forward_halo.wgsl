@@ -37,9 +37,9 @@
 //
 // Written in by the host (src/conv/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
 // BH, BW, TILES_W, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H,
-// HALO_W and TAP_ROWS (= TPS * HALO_C), IMAGES, and the pieces marked `// generated:`
-// (declaring, multiplying and storing the PT x CT accumulators, which WGSL
-// cannot hold in an indexable array). The operand readers `x_run` / `w_run`
+// HALO_W and TAP_ROWS (= TPS * HALO_C), IMAGES, and the pieces marked
+// `// generated:` (declaring, multiplying and storing the PT x CT
+// accumulators, which WGSL cannot hold in an indexable array). The operand readers `x_run` / `w_run`
 // come from the conv kernel (src/conv/common.rs), reading x as f16 or,
 // converting, as f32.
 
@@ -143,9 +143,8 @@ fn main(
     let mine = (blocks - wid.x + groups.x - 1u) / groups.x;
     // This subgroup's corner: position tiles from sg_m * PT, channel tiles
     // from sg_n * CT. Position tile p covers TW positions (of IMAGES images)
-    // of block row
-    // p / TILES_W, from block column (p % TILES_W) * TW, or BW - TW for a last
-    // tile that would leave the row.
+    // of block row p / TILES_W, from block column (p % TILES_W) * TW, or
+    // BW - TW for a last tile that would leave the row.
     let sg_m = sg / SG_N;
     let sub_col = col0 + (sg % SG_N) * CT * T;
     // generated: tile origins br_i, bc_i and accumulators acc_i_j

@@ -214,9 +214,9 @@ fn stacked_images(
     }
 }
 
-/// The `(rows, cols)` of a block of about `positions` output positions of
-/// whole output rows, for position tiles of one position of `tile` stacked
-/// images: any output width, `positions` a multiple of it.
+/// The `(rows, cols)` of a block of whole output rows for position tiles of
+/// one position of `tile` stacked images: `positions / width` rows (at least
+/// one, a divisor of the height), on a batch of whole stacks.
 fn stacked_blocks(
     tile: u32,
     meta: &ConvShapeMeta,
@@ -351,12 +351,11 @@ pub(crate) fn runs_subgroups(
 
 /// One workgroup's share of the forward: `rows x cols` output positions of
 /// one image, or of each of `images` images ([`HaloBlock::tiles_w`] tiles a
-/// row) by the output channels of
-/// `subgroups[1]` columns of `channel_tiles` tiles, over `subgroups[0] x
-/// subgroups[1]` subgroups of `position_tiles x channel_tiles` tiles; with the
-/// staged sizes that follow from the filter (written into the WGSL: naga
-/// sizes workgroup arrays with constants only, not the shape's override
-/// constants).
+/// row), by the output channels of `subgroups[1]` columns of `channel_tiles`
+/// tiles, over `subgroups[0] x subgroups[1]` subgroups of `position_tiles x
+/// channel_tiles` tiles; with the staged sizes that follow from the filter
+/// (written into the WGSL: naga sizes workgroup arrays with constants only,
+/// not the shape's override constants).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HaloBlock {
     pub tile: u32,
