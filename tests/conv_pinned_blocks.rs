@@ -57,10 +57,11 @@ fn pins() -> Vec<Pin> {
                 })
             },
         },
-        // Position tiles stacking a tile's images, on outputs narrower than
-        // a tile (the v1 model's 8 x 8 conv): 2 output rows a block, 2
-        // channel chunks, 2 blocks of channels at tile 8, 4 blocks an image
-        // stack and 2 stacks at tile 8.
+        // Position tiles stacking a tile's images on the v1 model's 8 x 8
+        // outputs (narrower than a tile at 16, a tile wide at 8): 2 output
+        // rows a block, 2 channel chunks, 4 blocks an image stack; at tile 8
+        // 2 stacks and 2 blocks of channels, and dinput's transposed conv
+        // (32 output channels: one block) stacked too.
         Pin {
             vars: &[(HALO_ENV, "16x4x3x8x2x16"), (STACK_ENV, "1")],
             input: [16, 8, 8, 32],
