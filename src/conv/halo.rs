@@ -40,7 +40,7 @@ pub enum Narrow {
     /// output, where the core's im2col stages 9.
     Stack,
     /// The GEMM core runs: dinput's transposed conv on the same layer took
-    /// 35.7-62.6 us in the stacked blocks that fit, against the core's 33.7.
+    /// 35.7-62.6 us in the stacked blocks that fit, against the core's 33.6-33.9.
     Decline,
 }
 
@@ -68,12 +68,13 @@ const RULE_BLOCKS: [(usize, u32, u32, u32); 3] = [(256, 4, 16, 2), (256, 2, 16, 
 /// Input channels a block stages at a time where the input has more.
 const CHANNEL_CHUNK: usize = 32;
 /// The block of stacked position tiles: a tile's positions (2 rows of the v1
-/// model's 8-wide output) by 4 channel tiles over 8 x 2 subgroups, 3 taps a
-/// step, a tile of input channels a stage (37.6 KiB at tile 16; 32 channels
-/// would take 53, and so would 32 positions). Swept on an H100 (entry 82, 20
-/// other blocks): 8 positions, 2 or 8 channel tiles, 1 or 9 taps, 8 or 32
-/// subgroups, 1 or 4 columns were 9-219% slower.
-const STACKED_RULE: (u32, u32, u32, u32) = (4, 3, 16, 2);
+/// model's 8-wide output) by 4 channel tiles over 8 x 2 subgroups, [`TAPS`]
+/// taps a step like the other rule blocks, a tile of input channels a stage
+/// (37.6 KiB at tile 16; 32 channels would take 53, and so would 32
+/// positions): (channel tiles, subgroups, columns). Swept on an H100 (entry
+/// 82, 20 other blocks): 8 positions, 2 or 8 channel tiles, 1 or 9 taps, 8 or
+/// 32 subgroups, 1 or 4 columns were 9-219% slower.
+const STACKED_RULE: (u32, u32, u32) = (4, 16, 2);
 /// Filter taps one step stages, where the filter has that many; else one
 /// filter row.
 const TAPS: usize = 3;
@@ -98,13 +99,9 @@ fn block_sizes(
     images: u32,
 ) -> std::result::Result<Vec<BlockSize>, String> {
     let Ok(text) = std::env::var(HALO_ENV) else {
+        let step = if taps.is_multiple_of(TAPS) { TAPS } else { row } as u32;
         if images > 1 {
-            let (tiles, step, subgroups, columns) = STACKED_RULE;
-            let step = if taps.is_multiple_of(step as usize) {
-                step
-            } else {
-                row as u32
-            };
+            let (tiles, subgroups, columns) = STACKED_RULE;
             let positions = tile as usize;
             return Ok(vec![(
                 positions,
@@ -115,7 +112,6 @@ fn block_sizes(
                 Some(positions),
             )]);
         }
-        let step = if taps.is_multiple_of(TAPS) { TAPS } else { row } as u32;
         return Ok(RULE_BLOCKS
             .iter()
             .map(|&(positions, tiles, subgroups, columns)| {
