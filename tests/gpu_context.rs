@@ -504,6 +504,28 @@ fn parameters_in_immediates_and_in_uniform_buffers_give_the_same_results() {
 }
 
 #[test]
+fn shaders_with_and_without_index_checks_give_the_same_results() {
+    let Some(without) = own_context(&GpuOptions {
+        shader_checks: false,
+        ..test_gpu_options()
+    }) else {
+        return;
+    };
+    let with = own_context(&GpuOptions {
+        shader_checks: true,
+        ..test_gpu_options()
+    })
+    .unwrap();
+    let a = train_small_model(&Device::Gpu(without));
+    let b = train_small_model(&Device::Gpu(with));
+    assert!(a.0.iter().chain(&a.1).all(|v| v.is_finite()));
+    assert_eq!(
+        a, b,
+        "naga's index clamping must change no result: an index it would clamp is a bug"
+    );
+}
+
+#[test]
 fn cpu_preference_never_opens_an_adapter_and_unknown_filter_is_an_error() {
     let device = Device::with_preference(DevicePreference::Cpu, &GpuOptions::default()).unwrap();
     assert!(matches!(device, Device::Cpu));

@@ -114,6 +114,7 @@ impl GpuContext {
             &caps,
             options.cache_dir.as_deref(),
             &options.break_kernels,
+            options.shader_checks,
         );
         Ok(Arc::new(Self {
             device,

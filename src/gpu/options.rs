@@ -41,6 +41,10 @@ pub struct GpuOptions {
     /// immediates (`AETHER_DISABLE_IMMEDIATES=1`): the path adapters without
     /// them take, kept testable.
     pub disable_immediates: bool,
+    /// Keep naga's index clamping in every shader (`AETHER_SHADER_CHECKS=1`).
+    /// By default it is left out on Vulkan, where the driver's robust buffer
+    /// access bounds the buffer reads and writes (see `gpu::pipelines`).
+    pub shader_checks: bool,
     /// Where compiled pipelines are persisted (`AETHER_CACHE_DIR`); `None` keeps
     /// them in memory only.
     pub cache_dir: Option<PathBuf>,
@@ -60,7 +64,8 @@ pub struct GpuOptions {
 }
 
 impl GpuOptions {
-    /// Reads `AETHER_ADAPTER`, `AETHER_DISABLE_COOP`, `AETHER_DISABLE_IMMEDIATES` and `AETHER_CACHE_DIR`
+    /// Reads `AETHER_ADAPTER`, `AETHER_DISABLE_COOP`, `AETHER_DISABLE_IMMEDIATES`,
+    /// `AETHER_SHADER_CHECKS` and `AETHER_CACHE_DIR`
     /// (default: `<user cache dir>/aether`).
     pub fn from_env() -> Result<Self> {
         let adapter_filter = std::env::var("AETHER_ADAPTER")
@@ -74,6 +79,10 @@ impl GpuOptions {
             Err(_) => false,
             Ok(v) => parse_flag("AETHER_DISABLE_IMMEDIATES", &v)?,
         };
+        let shader_checks = match std::env::var("AETHER_SHADER_CHECKS") {
+            Err(_) => false,
+            Ok(v) => parse_flag("AETHER_SHADER_CHECKS", &v)?,
+        };
         let cache_dir = match std::env::var_os("AETHER_CACHE_DIR") {
             Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
             _ => dirs::cache_dir().map(|d| d.join("aether")),
@@ -82,6 +91,7 @@ impl GpuOptions {
             adapter_filter,
             disable_coop,
             disable_immediates,
+            shader_checks,
             cache_dir,
             break_kernels: Vec::new(),
             max_buffer_bytes: None,

@@ -55,6 +55,7 @@ pub struct PipelineCache {
     disk: Option<DiskCache>,
     break_kernels: Vec<String>,
     params_in_immediates: bool,
+    checks: wgpu::ShaderRuntimeChecks,
 }
 
 /// wgpu's driver-level pipeline cache and the file it is persisted to.
@@ -78,6 +79,7 @@ impl PipelineCache {
         caps: &GpuCapabilities,
         cache_dir: Option<&Path>,
         break_kernels: &[String],
+        keep_index_checks: bool,
     ) -> Self {
         let disk = match (
             caps.pipeline_cache,
@@ -94,6 +96,7 @@ impl PipelineCache {
             disk,
             break_kernels: break_kernels.to_vec(),
             params_in_immediates: caps.params_in_immediates(),
+            checks: runtime_checks(info.backend, keep_index_checks),
         }
     }
 
@@ -210,16 +213,9 @@ impl PipelineCache {
                 label: Some(&label),
                 source: wgpu::ShaderSource::Wgsl(source),
             };
-            // SAFETY: the only check turned off is loop bounding, which guards
-            // against infinite loops; every loop in aether's WGSL is bounded by
-            // constants, uniforms or buffer sizes. Bounds and division checks stay on.
-            // The counter naga would add to each loop keeps the driver from
-            // unrolling fixed-count loops, which sends register arrays to memory.
-            let checks = wgpu::ShaderRuntimeChecks {
-                force_loop_bounding: false,
-                ..wgpu::ShaderRuntimeChecks::checked()
-            };
-            let module = unsafe { device.create_shader_module_trusted(descriptor, checks) };
+            // SAFETY: the checks left out are those `runtime_checks` names,
+            // for the reasons it gives.
+            let module = unsafe { device.create_shader_module_trusted(descriptor, self.checks) };
             device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
                 layout: None,
@@ -239,6 +235,31 @@ impl PipelineCache {
             (Ok(_), Some(e), _) | (Ok(_), None, Some(e)) => Err(e.to_string()),
             (Ok(pipeline), None, None) => Ok(pipeline),
         }
+    }
+}
+
+/// The runtime checks naga builds into aether's shaders on `backend`:
+///
+/// - Never loop bounding, which guards against infinite loops: every loop in
+///   aether's WGSL is bounded by constants, uniforms or buffer sizes. The
+///   counter naga would add to each loop keeps the driver from unrolling
+///   fixed-count loops, which sends register arrays to memory
+///   (docs/perf-notes.md, entry 4).
+/// - On Vulkan, unless `keep_index_checks`, no index clamping either (about
+///   4% of the conv passes on an H100, entry 83). Reads and writes of buffers
+///   stay bounded there by the driver's robust buffer access, a feature every
+///   Vulkan driver has and wgpu enables. Workgroup and private arrays are
+///   indexed within their sizes by construction: their indices are made of
+///   the invocation's index and the constants that size them, and every block
+///   the host can pick runs in the test suites. Other backends keep the
+///   clamping, since their drivers promise no bounds on buffer access.
+fn runtime_checks(backend: wgpu::Backend, keep_index_checks: bool) -> wgpu::ShaderRuntimeChecks {
+    if backend == wgpu::Backend::Vulkan && !keep_index_checks {
+        return wgpu::ShaderRuntimeChecks::unchecked();
+    }
+    wgpu::ShaderRuntimeChecks {
+        force_loop_bounding: false,
+        ..wgpu::ShaderRuntimeChecks::checked()
     }
 }
 
@@ -334,6 +355,26 @@ impl DiskCache {
                 &format!("cache-write:{}", self.path.display()),
                 &format!("could not save pipeline cache: {e}"),
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runtime_checks;
+
+    #[test]
+    fn index_checks_are_left_out_only_on_vulkan_unless_kept() {
+        let vulkan = runtime_checks(wgpu::Backend::Vulkan, false);
+        assert!(!vulkan.bounds_checks && !vulkan.force_loop_bounding);
+        for (backend, keep) in [
+            (wgpu::Backend::Vulkan, true),
+            (wgpu::Backend::Metal, false),
+            (wgpu::Backend::Dx12, false),
+        ] {
+            let checks = runtime_checks(backend, keep);
+            assert!(checks.bounds_checks, "{backend:?}, kept {keep}");
+            assert!(!checks.force_loop_bounding, "{backend:?}");
         }
     }
 }
