@@ -11,7 +11,7 @@ mod common;
 
 use aether::conv::coop::BLOCK_ENV;
 use aether::conv::dweight_halo::DWEIGHT_HALO_ENV;
-use aether::conv::halo::{HALO_ENV, STACK_ENV};
+use aether::conv::halo::{HALO_ENV, STACK_ENV, TAP_BUFFERS_ENV};
 use aether::conv::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
     conv2d_dinput, conv2d_dweight, conv2d_forward,
@@ -68,6 +68,15 @@ fn pins() -> Vec<Pin> {
             c_out: 64,
             direction: ConvDirection::Forward,
             ran: |p| p.halo.is_some_and(|b| b.images == b.tile && b.rows == 2),
+        },
+        // One buffer of taps (two barriers a step) where the rule's block has
+        // room for two: the rule takes two wherever they fit.
+        Pin {
+            vars: &[(TAP_BUFFERS_ENV, "1")],
+            input: [2, 16, 16, 32],
+            c_out: 32,
+            direction: ConvDirection::Forward,
+            ran: |p| p.halo.is_some_and(|b| b.tap_buffers == 1),
         },
     ]
 }

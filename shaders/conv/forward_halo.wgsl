@@ -5,8 +5,9 @@
 // (br + r), starting at column (bc + s): rows one pixel apart, channels
 // contiguous, so one row-major matrix load with the pixel stride. Each input
 // value is fetched from global memory once per block (the GEMM core fetches it
-// once per tap, R * S times), and the whole reduction needs 2 barriers per
-// step of TPS taps instead of 2 per staged step of the GEMM core.
+// once per tap, R * S times), and the whole reduction needs 1 or 2 barriers
+// per step of TPS taps (TAP_BUFFERS, below) instead of 2 per staged step of
+// the GEMM core.
 //
 // A block is BH x BW output positions by BN output channels: whole T-wide
 // runs of one image's rows, or, where the width is no multiple of T, whole
@@ -17,7 +18,9 @@
 // multiplies, and its accumulators go out between the two. Per block and
 // chunk of HALO_C input channels it stages the halo, (BH + R - 1) x
 // (BW + S - 1) pixels of the chunk's channels (zeros in the padding); then per
-// step of TPS filter taps the TPS * HALO_C x BN slice of the weights ("taps").
+// step of TPS filter taps the TPS * HALO_C x BN slice of the weights ("taps"),
+// into one buffer or, where the host finds room (TAP_BUFFERS = 2), two that
+// steps take in turn.
 // SG_M x SG_N subgroups each own PT position tiles by CT channel tiles; the
 // accumulators start from the bias (from zero in dinput's transposed conv,
 // dinput_halo.wgsl) and go straight into y (the host only picks this kernel
@@ -37,7 +40,7 @@
 //
 // Written in by the host (src/conv/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
 // BH, BW, TILES_W, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H,
-// HALO_W and TAP_ROWS (= TPS * HALO_C), IMAGES, and the pieces marked
+// HALO_W and TAP_ROWS (= TPS * HALO_C), IMAGES, TAP_BUFFERS, and the pieces marked
 // `// generated:` (declaring, multiplying and storing the PT x CT
 // accumulators, which WGSL cannot hold in an indexable array). The operand readers `x_run` / `w_run`
 // come from the conv kernel (src/conv/common.rs), reading x as f16 or,
@@ -57,7 +60,7 @@ const HALO_SLOTS: u32 = (HALO_RUNS + THREADS - 1u) / THREADS;
 const TAP_SLOTS: u32 = (TAP_RUNS + THREADS - 1u) / THREADS;
 
 var<workgroup> halo: array<vec4<f16>, HALO_H * HALO_W * IMAGES * LDP>;
-var<workgroup> taps: array<vec4<f16>, TAP_ROWS * LDW>;
+var<workgroup> taps: array<vec4<f16>, TAP_BUFFERS * TAP_ROWS * LDW>;
 
 // Reads this thread's runs of the halo of input channels cc.. from global
 // memory: slot g / (HALO_C / 8) of the halo (its pixel, then its image),
@@ -101,11 +104,11 @@ fn fetch_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, step: u32, cc: u32, co
     }
 }
 
-fn stage_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, lidx: u32) {
+fn stage_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, tap0: u32, lidx: u32) {
     for (var s = 0u; s < TAP_SLOTS; s++) {
         let g = lidx + s * THREADS;
         if (g < TAP_RUNS) {
-            let slot = (g / (BN / 8u)) * LDW + (g % (BN / 8u)) * 2u;
+            let slot = tap0 + (g / (BN / 8u)) * LDW + (g % (BN / 8u)) * 2u;
             taps[slot] = (*regs)[s][0];
             taps[slot + 1u] = (*regs)[s][1];
         }
@@ -148,44 +151,54 @@ fn main(
     let sg_m = sg / SG_N;
     let sub_col = col0 + (sg % SG_N) * CT * T;
     // generated: tile origins br_i, bc_i and accumulators acc_i_j
-    // Step j of a block stages filter taps (j % steps) * TPS.. of input
-    // channels (j / steps) * HALO_C.., the halo too where those channels
-    // start. (The store after each block sits in a loop, not behind a branch
-    // on the loop counter: naga takes a branch on a local variable for
-    // non-uniform control flow, where matrix operations are not allowed.)
+    // Per chunk of HALO_C input channels a block stages the halo, then per
+    // step filter taps step * TPS.. of those channels. (The store after each
+    // block sits in a loop, not behind a branch on the loop counter: naga
+    // takes a branch on a local variable for non-uniform control flow, where
+    // matrix operations are not allowed.) With two tap buffers, steps take
+    // them in turn, so a step's taps are staged while the step before still
+    // reads the other buffer: one barrier a step, plus one a chunk before the
+    // halo is overwritten, where one buffer needs two a step.
     let steps = R * S / TPS;
-    let block_steps = C_IN / HALO_C * steps;
+    let chunks = C_IN / HALO_C;
     var halo_regs: array<Run, HALO_SLOTS>;
     var tap_regs: array<Run, TAP_SLOTS>;
     fetch_block_halo(&halo_regs, wid.x, 0u, lidx);
     fetch_taps(&tap_regs, 0u, 0u, col0, lidx);
     for (var blk = 0u; blk < mine; blk++) {
         let b = wid.x + blk * groups.x;
-        for (var j = 0u; j < block_steps; j++) {
-            let step = j % steps;
-            // The previous step's halo and taps are read.
-            workgroupBarrier();
-            if (step == 0u) {
-                stage_halo(&halo_regs, lidx);
+        for (var chunk = 0u; chunk < chunks; chunk++) {
+            if (TAP_BUFFERS == 2u) {
+                // The previous chunk's halo and taps are read.
+                workgroupBarrier();
             }
-            stage_taps(&tap_regs, lidx);
-            workgroupBarrier();
-            // The next step's operands (of this block or the next) load
-            // while this one multiplies.
-            let last = j + 1u == block_steps;
-            if (!last || blk + 1u < mine) {
-                let next_j = select(j + 1u, 0u, last);
-                let cc = next_j / steps * HALO_C;
-                fetch_taps(&tap_regs, next_j % steps, cc, col0, lidx);
-                if (next_j % steps == 0u) {
-                    fetch_block_halo(&halo_regs, select(b, b + groups.x, last), cc, lidx);
+            stage_halo(&halo_regs, lidx);
+            for (var step = 0u; step < steps; step++) {
+                let tap0 = step % TAP_BUFFERS * TAP_ROWS * LDW;
+                stage_taps(&tap_regs, tap0, lidx);
+                workgroupBarrier();
+                // The next step's operands (of this block or the next) load
+                // while this one multiplies.
+                let chunk_ends = step + 1u == steps;
+                let last = chunk_ends && chunk + 1u == chunks;
+                if (!last || blk + 1u < mine) {
+                    let next_chunk = select(chunk + select(0u, 1u, chunk_ends), 0u, last);
+                    let cc = next_chunk * HALO_C;
+                    fetch_taps(&tap_regs, select(step + 1u, 0u, chunk_ends), cc, col0, lidx);
+                    if (chunk_ends) {
+                        fetch_block_halo(&halo_regs, select(b, b + groups.x, last), cc, lidx);
+                    }
                 }
-            }
-            for (var tt = 0u; tt < TPS; tt++) {
-                let r = (step * TPS + tt) / S;
-                let s = (step * TPS + tt) % S;
-                for (var c0 = 0u; c0 < HALO_C; c0 += T) {
-                    // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds
+                for (var tt = 0u; tt < TPS; tt++) {
+                    let r = (step * TPS + tt) / S;
+                    let s = (step * TPS + tt) % S;
+                    for (var c0 = 0u; c0 < HALO_C; c0 += T) {
+                        // generated: PT loads of A from the halo, CT loads of B from the taps, PT*CT multiply-adds
+                    }
+                }
+                if (TAP_BUFFERS == 1u) {
+                    // This step's halo and taps are read.
+                    workgroupBarrier();
                 }
             }
         }

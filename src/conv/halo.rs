@@ -30,6 +30,14 @@ pub const GROUPS_ENV: &str = "AETHER_HALO_GROUPS";
 /// ([`Narrow::Stack`]), else not.
 pub const STACK_ENV: &str = "AETHER_HALO_STACK";
 
+/// Environment variable for tuning: `1` stages every step's taps in one
+/// buffer (two barriers a step), `2` in two taken in turn where they fit (one
+/// barrier a step, one more a chunk); unset, two where they fit. On an H100
+/// (docs/perf-notes.md, entry 83) two took the v1 model's 32x32x32->32
+/// forward 49.8 -> 48.2 us and its 8x8x64->128 forward 22.1 -> 21.6; the
+/// other convs' blocks leave no room for a second buffer.
+pub const TAP_BUFFERS_ENV: &str = "AETHER_HALO_TAP_BUFFERS";
+
 /// What a halo kernel does with outputs narrower than a tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Narrow {
@@ -374,6 +382,9 @@ pub struct HaloBlock {
     /// Workgroups launched, fewest and most, where there are blocks for them
     /// (each takes blocks as many apart as there are workgroups).
     pub groups: [u32; 2],
+    /// Buffers of taps that steps take in turn: 1 (two barriers a step) or 2
+    /// (one barrier a step, one more a chunk).
+    pub tap_buffers: u32,
 }
 
 impl HaloBlock {
@@ -464,9 +475,11 @@ impl HaloBlock {
             tap_rows: taps_per_step * chunk as u32,
             images,
             groups: group_bounds(caps),
+            tap_buffers: 1,
         };
         runs_subgroups(caps, subgroups)?;
         fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, HALO_ENV)?;
+        let block = block.with_tap_buffers(caps)?;
         let blocks = block.grid(meta)[0];
         if blocks > caps.limits.max_compute_workgroups_per_dimension as usize {
             return Err(format!("{blocks} blocks"));
@@ -491,11 +504,36 @@ impl HaloBlock {
         (self.subgroups[1] * self.channel_tiles * self.tile) as usize
     }
 
-    /// The halo and one step's taps, each padded by 8 halves per row.
+    /// The halo and the tap buffers, each padded by 8 halves per row.
     pub fn workgroup_bytes(&self) -> usize {
         let [c_in, h, w] = self.halo.map(|v| v as usize);
         let images = self.images as usize;
-        (h * w * images * (c_in + 8) + self.tap_rows as usize * (self.channels() + 8)) * 2
+        let taps = (self.tap_buffers * self.tap_rows) as usize;
+        (h * w * images * (c_in + 8) + taps * (self.channels() + 8)) * 2
+    }
+
+    /// This block with the tap buffers [`TAP_BUFFERS_ENV`] asks for, or the
+    /// rule's: two where they fit the adapter's workgroup memory (beyond the
+    /// rule's bytes, which choose the block), else one.
+    fn with_tap_buffers(self, caps: &GpuCapabilities) -> std::result::Result<Self, String> {
+        let two = Self {
+            tap_buffers: 2,
+            ..self
+        };
+        let fits = two.workgroup_bytes() <= caps.limits.max_compute_workgroup_storage_size as usize;
+        match std::env::var(TAP_BUFFERS_ENV).as_deref().map(str::trim) {
+            Err(_) | Ok("2") if fits => Ok(two),
+            Err(_) | Ok("1") | Ok("2") => Ok(self),
+            Ok(text) => {
+                warn_once(
+                    &format!("halo-tap-buffers:{text}"),
+                    &format!(
+                        "{TAP_BUFFERS_ENV}={text:?} is neither 1 nor 2: the halo kernels are off"
+                    ),
+                );
+                Err(format!("{TAP_BUFFERS_ENV}={text}"))
+            }
+        }
     }
 
     /// Blocks of output positions (each by all of a block's channels).
@@ -523,7 +561,7 @@ impl HaloBlock {
 
     /// The constants forward_halo.wgsl expects, for `subgroup` invocations per
     /// subgroup.
-    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 15] {
+    pub fn constants(&self, subgroup: u32) -> [(&'static str, u32); 16] {
         let [c_in, halo_h, halo_w] = self.halo;
         [
             ("T", self.tile),
@@ -541,6 +579,7 @@ impl HaloBlock {
             ("HALO_W", halo_w),
             ("TAP_ROWS", self.tap_rows),
             ("IMAGES", self.images),
+            ("TAP_BUFFERS", self.tap_buffers),
         ]
     }
 
@@ -576,7 +615,7 @@ impl HaloBlock {
         }
         for j in 0..ct {
             step += &format!(
-                "                        let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[(tt * HALO_C + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
+                "                        let b_{j} = coopLoadT<{mat}<f16, B>>(&taps[tap0 + (tt * HALO_C + c0) * LDW + (sub_col - col0 + {j}u * T) / 4u], LDW);\n"
             );
         }
         step += &multiply_adds(tiles(), "                        ");
@@ -635,6 +674,7 @@ pub(crate) mod tests {
             tap_rows: 96,
             images: 1,
             groups: [u32::MAX; 2],
+            tap_buffers: 1,
         };
         let src = block.core_source(TEMPLATE, 32, Some("bias"));
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
@@ -728,15 +768,19 @@ pub(crate) mod tests {
         let block = HaloBlock::fit(16, &conv2, &caps, Narrow::Stack).unwrap();
         assert_eq!((block.rows, block.cols, block.position_tiles), (8, 32, 2));
         assert_eq!((block.subgroups, block.channel_tiles), ([8, 2], 1));
-        // 10 x 34 pixels of 40 halves, 3 x 32 tap rows of 40 halves.
-        assert_eq!(block.workgroup_bytes(), (10 * 34 * 40 + 96 * 40) * 2);
+        // 10 x 34 pixels of 40 halves, two buffers of 3 x 32 tap rows of 40
+        // halves (41.6 KiB: over the rule's bytes, within the adapter's).
+        assert_eq!(block.tap_buffers, 2);
+        assert_eq!(block.workgroup_bytes(), (10 * 34 * 40 + 2 * 96 * 40) * 2);
         assert_eq!(block.grid(&conv2), [256 * 4, 1, 1]);
         // 32 -> 64 at 16 x 16: the first rule block, a whole image by 64
-        // channels: 18 x 18 pixels of 40 halves, 3 x 32 tap rows of 72.
+        // channels: 18 x 18 pixels of 40 halves, 3 x 32 tap rows of 72 (a
+        // second buffer of taps would pass 48 KiB).
         let conv3 = meta([256, 16, 16, 32], 64);
         let block = HaloBlock::fit(16, &conv3, &caps, Narrow::Stack).unwrap();
         assert_eq!((block.rows, block.cols, block.subgroups), (16, 16, [8, 2]));
         assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
+        assert_eq!(block.tap_buffers, 1);
         assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
         assert_eq!(block.grid(&conv3), [256, 1, 1]);
         // 64 -> 64 stages 32 input channels at a time: the same sizes.
@@ -749,7 +793,7 @@ pub(crate) mod tests {
         small.limits.max_compute_workgroup_storage_size = 32 * 1024;
         let block = HaloBlock::fit(16, &conv4, &small, Narrow::Stack).unwrap();
         assert_eq!((block.rows, block.cols, block.channel_tiles), (8, 16, 2));
-        assert_eq!(block.workgroup_bytes(), (10 * 18 * 40 + 96 * 40) * 2);
+        assert_eq!(block.workgroup_bytes(), (10 * 18 * 40 + 2 * 96 * 40) * 2);
         // The large bench shape, 56 wide: 4 whole rows a block, tiles from
         // columns 0, 16, 32 and 40; 6 x 58 pixels of 40 halves.
         let large = meta([256, 56, 56, 64], 64);
@@ -762,7 +806,7 @@ pub(crate) mod tests {
         assert!(HaloBlock::fit(16, &pointwise.unwrap(), &caps, Narrow::Stack).is_err());
         // 8 x 8 outputs are narrower than a tile: the forward stacks 16
         // images a tile, 2 rows a block; 4 x 10 pixels of 16 images of 24
-        // halves, 3 x 16 tap rows of 72; 16 image stacks of 4 blocks by 2 of
+        // halves, two buffers of 3 x 16 tap rows of 72; 16 image stacks of 4 blocks by 2 of
         // channels. dinput declines them, and so does a batch of no whole
         // stacks. Stride 2 has no halo.
         let conv5 = meta([256, 8, 8, 64], 128);
@@ -770,7 +814,10 @@ pub(crate) mod tests {
         assert_eq!((block.images, block.rows, block.cols), (16, 2, 8));
         assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
         assert_eq!((block.halo, block.tiles_w()), ([16, 4, 10], 8));
-        assert_eq!(block.workgroup_bytes(), (4 * 10 * 16 * 24 + 48 * 72) * 2);
+        assert_eq!(
+            block.workgroup_bytes(),
+            (4 * 10 * 16 * 24 + 2 * 48 * 72) * 2
+        );
         assert_eq!(block.grid(&conv5), [64, 2, 1]);
         assert!(HaloBlock::fit(16, &conv5, &caps, Narrow::Decline).is_err());
         let ragged = meta([100, 8, 8, 64], 128);
