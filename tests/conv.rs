@@ -124,7 +124,7 @@ fn cases(turns_images: usize) -> Vec<Case> {
         },
         // A 1x1 conv (no halo kernel) 256 channels wide, 256 rows: the coop
         // core's forward block of 16 subgroups, which fits only storing
-        // straight into C (128 x 256 at tile 16, 64 x 128 at tile 8).
+        // straight into C (256 x 128 at tile 16, 128 x 64 at tile 8).
         Case {
             name: "1x1, 256 channels, wide block stored directly",
             input: [4, 8, 8, 256],
@@ -253,9 +253,9 @@ fn cases(turns_images: usize) -> Vec<Case> {
 }
 
 /// Whether `plan` runs the coop core's block for wide forwards: 4 x 4
-/// subgroups of 2 x 4 tiles.
+/// subgroups of 4 x 2 tiles.
 fn runs_wide_block(plan: &ConvLaunchPlan) -> bool {
-    (plan.coop).is_some_and(|b| (b.subgroups, b.tiles) == ([4, 4], [2, 4]))
+    (plan.coop).is_some_and(|b| (b.subgroups, b.tiles) == ([4, 4], [4, 2]))
 }
 
 /// Images enough for more halo blocks than the halo kernels launch
