@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On the device (carrying .gl and .gpu-pack, packed by `bash .ci/gpu-pack.sh conv`):
+# the GEMM core's blocks (AETHER_COOP_BLOCK=DIRECTION=SG_MxSG_NxTMxTNxKT) for the
+# v1 model's last conv's backward (8x8x64 -> 128, batch 256), whose dinput and
+# dweight run the core, and dweight's split over every v1 conv, swept again
+# once naga's index clamping was left out (perf-notes entry 83): the 4096^3
+# GEMM's best forward block changed then. Entries 70, 76 and 81 swept them
+# with the clamping. About 5 minutes.
+pin() { echo "AETHER_COOP_BLOCK=$1"; }
+bash .ci/gpu-sweep.sh 'coop16/conv5_b256/(dweight|dinput)' <<CONFIGS
+rule
+i4x4x2x2x2 $(pin dinput=4x4x2x2x2)
+i4x4x4x1x2 $(pin dinput=4x4x4x1x2)
+i8x2x2x2x2 $(pin dinput=8x2x2x2x2)
+i8x2x2x1x2 $(pin dinput=8x2x2x1x2)
+i4x2x4x2x2 $(pin dinput=4x2x4x2x2)
+i4x4x2x1x2 $(pin dinput=4x4x2x1x2)
+i8x2x1x2x2 $(pin dinput=8x2x1x2x2)
+w4x2x2x2x2 $(pin dweight=4x2x2x2x2)
+w4x4x2x2x2 $(pin dweight=4x4x2x2x2)
+w2x2x2x2x2 $(pin dweight=2x2x2x2x2)
+w2x4x4x2x2 $(pin dweight=2x4x4x2x2)
+w4x2x4x2x2 $(pin dweight=4x2x4x2x2)
+w2x4x2x2x4 $(pin dweight=2x4x2x2x4)
+w2x4x1x2x2 $(pin dweight=2x4x1x2x2)
+rule_again
+CONFIGS
+bash .ci/gpu-sweep.sh 'coop16/conv[1-5]_b256/dweight' <<'CONFIGS'
+rule
+split1 AETHER_DWEIGHT_SPLIT=1
+split2 AETHER_DWEIGHT_SPLIT=2
+split3 AETHER_DWEIGHT_SPLIT=3
+split4 AETHER_DWEIGHT_SPLIT=4
+split6 AETHER_DWEIGHT_SPLIT=6
+rule_again
+CONFIGS
