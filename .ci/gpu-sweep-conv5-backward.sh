@@ -25,12 +25,5 @@ w2x4x2x2x4 $(pin dweight=2x4x2x2x4)
 w2x4x1x2x2 $(pin dweight=2x4x1x2x2)
 rule_again
 CONFIGS
-bash .ci/gpu-sweep.sh 'coop16/conv[1-5]_b256/dweight' <<'CONFIGS'
-rule
-split1 AETHER_DWEIGHT_SPLIT=1
-split2 AETHER_DWEIGHT_SPLIT=2
-split3 AETHER_DWEIGHT_SPLIT=3
-split4 AETHER_DWEIGHT_SPLIT=4
-split6 AETHER_DWEIGHT_SPLIT=6
-rule_again
-CONFIGS
+# dweight's splits on every v1 conv (run Y7 ran them without split 8).
+bash .ci/gpu-sweep-dweight.sh
