@@ -10,7 +10,7 @@
 mod common;
 
 use aether::conv::coop::BLOCK_ENV;
-use aether::conv::dweight_halo::{DWEIGHT_HALO_BUFFERS_ENV, DWEIGHT_HALO_ENV};
+use aether::conv::dweight_halo::DWEIGHT_HALO_ENV;
 use aether::conv::halo::{HALO_ENV, STACK_ENV, TAP_BUFFERS_ENV};
 use aether::conv::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
@@ -43,15 +43,6 @@ fn pins() -> Vec<Pin> {
             c_out: 64,
             direction: ConvDirection::DWeight,
             ran: |p| p.dweight_halo.is_some_and(|b| b.rows * b.cols == 32),
-        },
-        // dweight's blocks staged in one set of buffers (two barriers a
-        // block), where the rule takes two.
-        Pin {
-            vars: &[(DWEIGHT_HALO_BUFFERS_ENV, "1")],
-            input: wide,
-            c_out: 64,
-            direction: ConvDirection::DWeight,
-            ran: |p| p.dweight_halo.is_some_and(|b| b.buffers == 1),
         },
         // The forward with all 9 taps a step, 16 input channels a stage and 4
         // channel tiles over 8 subgroups in 2 columns (`.ci/gpu-sweep-halo16.sh`).

@@ -13,18 +13,14 @@
 // multiplies a tile of ones by dy, so every row of its tiles is a dbias sum.
 // Per block: stage the halo (BH + R - 1) x (BW + S - 1) pixels of CB channels
 // and the BH * BW x CB dy block, barrier, multiply, barrier; the next block's
-// halo and dy are fetched into registers while this one multiplies. Where the
-// host finds room (BUFFERS = 2), blocks take two sets of staging buffers in
-// turn, so a block is staged while the one before is still read from the
-// other set: one barrier a block instead of two. Partial
+// halo and dy are fetched into registers while this one multiplies. Partial
 // sums go to [z][K + BIAS_ROWS][C_OUT]: rows of dW as the GEMM core writes
 // them, then the dbias subgroups' tiles, 2 tiles of rows per input-channel
 // chunk (every matrix store is unconditional: naga wants them in uniform
 // control flow), of which dweight_reduce.wgsl reads row K.
 //
-// Written in by the host (src/conv/dweight_halo.rs): T, SUBGROUP, BH, BW,
-// HALO_H, HALO_W, TAPS (= R * S), BIAS_ROWS, BUFFERS, and the pieces marked
-// `// generated:`.
+// Written in by the host (src/conv/halo.rs): T, SUBGROUP, BH, BW, HALO_H,
+// HALO_W, TAPS (= R * S), BIAS_ROWS, and the pieces marked `// generated:`.
 
 const CB: u32 = 2u * T;
 const THREADS: u32 = (TAPS + 1u) * SUBGROUP;
@@ -32,17 +28,14 @@ const THREADS: u32 = (TAPS + 1u) * SUBGROUP;
 const LDP: u32 = CB / 4u + 2u;
 const HALO_RUNS: u32 = HALO_H * HALO_W * (CB / 8u);
 const DY_RUNS: u32 = BH * BW * (CB / 8u);
-// One set's staged halo and dy block.
-const HALO_SIZE: u32 = HALO_H * HALO_W * LDP;
-const DY_SIZE: u32 = BH * BW * LDP;
-// After the halos: T halves of ones, the dbias subgroup's A tile (stride 0).
-const ONES: u32 = BUFFERS * HALO_SIZE;
+// After the halo: T halves of ones, the dbias subgroup's A tile (stride 0).
+const ONES: u32 = HALO_H * HALO_W * LDP;
 
 const HALO_SLOTS: u32 = (HALO_RUNS + THREADS - 1u) / THREADS;
 const DY_SLOTS: u32 = (DY_RUNS + THREADS - 1u) / THREADS;
 
 var<workgroup> halo: array<vec4<f16>, ONES + T / 4u>;
-var<workgroup> dys: array<vec4<f16>, BUFFERS * DY_SIZE>;
+var<workgroup> dys: array<vec4<f16>, BH * BW * LDP>;
 
 // A block's operands on their way from global to workgroup memory.
 struct BlockRuns {
@@ -82,23 +75,21 @@ fn fetch_block(regs: ptr<function, BlockRuns>, block: u32, ci0: u32, co0: u32, l
     }
 }
 
-// Stages this thread's runs into the set of buffers whose halo starts at
-// halo0 and dy block at dy0.
-fn stage_block(regs: ptr<function, BlockRuns>, halo0: u32, dy0: u32, lidx: u32) {
+fn stage_block(regs: ptr<function, BlockRuns>, lidx: u32) {
     for (var s = 0u; s < HALO_SLOTS; s++) {
         let g = lidx + s * THREADS;
         if (g < HALO_RUNS) {
             let slot = (g / (CB / 8u)) * LDP + (g % (CB / 8u)) * 2u;
-            halo[halo0 + slot] = (*regs).halo[s][0];
-            halo[halo0 + slot + 1u] = (*regs).halo[s][1];
+            halo[slot] = (*regs).halo[s][0];
+            halo[slot + 1u] = (*regs).halo[s][1];
         }
     }
     for (var s = 0u; s < DY_SLOTS; s++) {
         let g = lidx + s * THREADS;
         if (g < DY_RUNS) {
             let slot = (g / (CB / 8u)) * LDP + (g % (CB / 8u)) * 2u;
-            dys[dy0 + slot] = (*regs).dy[s][0];
-            dys[dy0 + slot + 1u] = (*regs).dy[s][1];
+            dys[slot] = (*regs).dy[s][0];
+            dys[slot + 1u] = (*regs).dy[s][1];
         }
     }
 }
@@ -132,14 +123,9 @@ fn main(
         fetch_block(&regs, z, ci0, co0, lidx);
     }
     for (var block = z; block < blocks; block += slices) {
-        let buffer = (block - z) / slices % BUFFERS;
-        let halo0 = buffer * HALO_SIZE;
-        let dy0 = buffer * DY_SIZE;
-        if (BUFFERS == 1u) {
-            // The previous block's halo and dy are read.
-            workgroupBarrier();
-        }
-        stage_block(&regs, halo0, dy0, lidx);
+        // The previous block's halo and dy are read.
+        workgroupBarrier();
+        stage_block(&regs, lidx);
         workgroupBarrier();
         let next = block + slices;
         if (next < blocks) {
@@ -147,7 +133,7 @@ fn main(
         }
         for (var p0 = 0u; p0 < BH * BW; p0 += T) {
             // T positions along block row p0 / BW, from column p0 % BW.
-            let a_at = select(halo0 + ((p0 / BW + r) * HALO_W + p0 % BW + s) * LDP, ONES, is_bias);
+            let a_at = select(((p0 / BW + r) * HALO_W + p0 % BW + s) * LDP, ONES, is_bias);
             // generated: 2 loads of A (halo, or ones for dbias), 2 of B, 4 multiply-adds
         }
     }

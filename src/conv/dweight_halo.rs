@@ -15,11 +15,6 @@ use crate::gpu::GpuCapabilities;
 /// GEMM core runs), a number pins the output positions of its blocks.
 pub const DWEIGHT_HALO_ENV: &str = "AETHER_DWEIGHT_HALO";
 
-/// Environment variable for tuning: `1` stages each block in one set of
-/// buffers (two barriers a block), `2` in two sets taken in turn where they
-/// fit (one barrier a block); unset, two where they fit.
-pub const DWEIGHT_HALO_BUFFERS_ENV: &str = "AETHER_DWEIGHT_HALO_BUFFERS";
-
 /// Output positions per block. Measured on the H200 (docs/perf-notes.md,
 /// entry 54): 64 made the v1 model's 32->32, 32->64 and 64->64 dweights
 /// 50%, 24% and 10% faster than the GEMM core; 32, 128 and 256 less so.
@@ -67,9 +62,6 @@ pub struct DWeightHalo {
     pub halo: [u32; 2],
     /// Slices of the blocks (the grid's x): the split-K of the GEMM core.
     pub slices: u32,
-    /// Sets of staging buffers that blocks take in turn: 1 (two barriers a
-    /// block) or 2 (one).
-    pub buffers: u32,
 }
 
 impl DWeightHalo {
@@ -106,44 +98,17 @@ impl DWeightHalo {
             taps,
             halo: [rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             slices: slices as u32,
-            buffers: 1,
         };
         fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, DWEIGHT_HALO_ENV)?;
-        block.with_buffers(caps)
+        Ok(block)
     }
 
-    /// This block with the staging buffers [`DWEIGHT_HALO_BUFFERS_ENV`] asks
-    /// for, or the rule's: two sets where they fit the adapter's workgroup
-    /// memory, else one.
-    fn with_buffers(self, caps: &GpuCapabilities) -> std::result::Result<Self, String> {
-        let two = Self { buffers: 2, ..self };
-        let fits = two.workgroup_bytes() <= caps.limits.max_compute_workgroup_storage_size as usize;
-        match std::env::var(DWEIGHT_HALO_BUFFERS_ENV)
-            .as_deref()
-            .map(str::trim)
-        {
-            Err(_) | Ok("2") if fits => Ok(two),
-            Err(_) | Ok("1") | Ok("2") => Ok(self),
-            Ok(text) => {
-                warn_once(
-                    &format!("dweight-halo-buffers:{text}"),
-                    &format!(
-                        "{DWEIGHT_HALO_BUFFERS_ENV}={text:?} is neither 1 nor 2: \
-                         dweight's halo kernel is off"
-                    ),
-                );
-                Err(format!("{DWEIGHT_HALO_BUFFERS_ENV}={text}"))
-            }
-        }
-    }
-
-    /// The sets of halo and dy block (2 tiles of channels plus 8 halves a
+    /// The halo and the dy block (2 tiles of channels plus 8 halves a
     /// pixel) and the dbias subgroup's ones.
     pub fn workgroup_bytes(&self) -> usize {
         let pixel = 2 * self.tile as usize + 8;
         let [h, w] = self.halo.map(|v| v as usize);
-        let set = h * w * pixel + (self.rows * self.cols) as usize * pixel;
-        (self.buffers as usize * set + self.tile as usize) * 2
+        (h * w * pixel + (self.rows * self.cols) as usize * pixel + self.tile as usize) * 2
     }
 
     /// Rows of each slice's partial sums: the `K` rows of dW, then `C_in`
@@ -158,7 +123,7 @@ impl DWeightHalo {
     }
 
     /// The constants dweight_halo.wgsl expects.
-    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 9] {
+    pub fn constants(&self, subgroup: u32, meta: &ConvShapeMeta) -> [(&'static str, u32); 8] {
         let [halo_h, halo_w] = self.halo;
         [
             ("T", self.tile),
@@ -169,7 +134,6 @@ impl DWeightHalo {
             ("HALO_W", halo_w),
             ("TAPS", self.taps),
             ("BIAS_ROWS", meta.c_in as u32),
-            ("BUFFERS", self.buffers),
         ]
     }
 
@@ -195,7 +159,7 @@ impl DWeightHalo {
         }
         for j in 0..2 {
             step += &format!(
-                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&dys[dy0 + p0 * LDP + {j}u * T / 4u], LDP);\n"
+                "            let b_{j} = coopLoadT<{mat}<f16, B>>(&dys[p0 * LDP + {j}u * T / 4u], LDP);\n"
             );
         }
         step += &multiply_adds(tiles.into_iter(), "            ");
@@ -235,7 +199,6 @@ mod tests {
             taps: 9,
             halo: [6, 34],
             slices: 4,
-            buffers: 2,
         };
         let src = block.core_source(TEMPLATE, 32, &m);
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
@@ -256,12 +219,7 @@ mod tests {
         let block = DWeightHalo::fit(16, &conv2, &caps).unwrap();
         assert_eq!((block.rows, block.cols, block.slices), (2, 32, 264));
         assert_eq!(block.grid(&conv2), [264, 1, 1]);
-        // Two sets of 4 x 34 halo pixels and 64 dy positions of 40 halves.
-        assert_eq!(block.buffers, 2);
-        assert_eq!(
-            block.workgroup_bytes(),
-            (2 * (4 * 34 * 40 + 64 * 40) + 16) * 2
-        );
+        assert_eq!(block.workgroup_bytes(), (4 * 34 * 40 + 64 * 40 + 16) * 2);
         assert_eq!(DWeightHalo::partial_rows(&conv2), 288 + 32);
         // 64 -> 64: four channel chunks share the slices.
         let conv4 = meta([256, 16, 16, 64], 64);
