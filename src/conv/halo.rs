@@ -48,7 +48,9 @@ pub enum Narrow {
     /// output, where the core's im2col stages 9.
     Stack,
     /// The GEMM core runs: dinput's transposed conv on the same layer took
-    /// 35.7-62.6 us in the stacked blocks that fit, against the core's 33.6-33.9.
+    /// 35.7-62.6 us in the stacked blocks that fit, against the core's
+    /// 33.6-33.9 (entry 82), and 35.0-51.0 against 33.3 without naga's index
+    /// clamping and with two tap buffers (entry 83).
     Decline,
 }
 
