@@ -35,7 +35,7 @@ pub const STACK_ENV: &str = "AETHER_HALO_STACK";
 /// barrier a step, one more a chunk); unset, two where they fit. On an H100
 /// (docs/perf-notes.md, entry 83) two took the v1 model's 32x32x32->32
 /// forward 49.8 -> 48.2 us and its 8x8x64->128 forward 22.1 -> 21.6; the
-/// other convs' blocks leave no room for a second buffer.
+/// 16 x 16 convs' blocks leave no room for a second buffer.
 pub const TAP_BUFFERS_ENV: &str = "AETHER_HALO_TAP_BUFFERS";
 
 /// What a halo kernel does with outputs narrower than a tile.
@@ -808,9 +808,9 @@ pub(crate) mod tests {
         assert!(HaloBlock::fit(16, &pointwise.unwrap(), &caps, Narrow::Stack).is_err());
         // 8 x 8 outputs are narrower than a tile: the forward stacks 16
         // images a tile, 2 rows a block; 4 x 10 pixels of 16 images of 24
-        // halves, two buffers of 3 x 16 tap rows of 72; 16 image stacks of 4 blocks by 2 of
-        // channels. dinput declines them, and so does a batch of no whole
-        // stacks. Stride 2 has no halo.
+        // halves, two buffers of 3 x 16 tap rows of 72; 16 image stacks of 4
+        // blocks by 2 of channels. dinput declines them, and so does a batch
+        // of no whole stacks. Stride 2 has no halo.
         let conv5 = meta([256, 8, 8, 64], 128);
         let block = HaloBlock::fit(16, &conv5, &caps, Narrow::Stack).unwrap();
         assert_eq!((block.images, block.rows, block.cols), (16, 2, 8));
