@@ -250,9 +250,10 @@ impl PipelineCache {
 ///   stay bounded there by the driver's robust buffer access, a feature every
 ///   Vulkan driver has and wgpu enables. Workgroup and private arrays are
 ///   indexed within their sizes by construction: their indices are made of
-///   the invocation's index and the constants that size them, and every block
-///   the host can pick runs in the test suites. Other backends keep the
-///   clamping, since their drivers promise no bounds on buffer access.
+///   the invocation's index and the constants that size them, and the test
+///   suites run the rules' blocks and the pinned ones against the CPU
+///   reference at both coop tile sizes. Other backends keep the clamping,
+///   since their drivers promise no bounds on buffer access.
 fn runtime_checks(backend: wgpu::Backend, keep_index_checks: bool) -> wgpu::ShaderRuntimeChecks {
     if backend == wgpu::Backend::Vulkan && !keep_index_checks {
         return wgpu::ShaderRuntimeChecks::unchecked();
