@@ -210,14 +210,18 @@ fn stacked_images(
         Err(_) if narrow == Narrow::Stack && meta.w_out < tile as usize => Ok(tile),
         Err(_) | Ok("0") => Ok(1),
         Ok("1") => Ok(tile),
-        Ok(text) => {
-            warn_once(
-                &format!("halo-stack:{text}"),
-                &format!("{STACK_ENV}={text:?} is neither 0 nor 1: the halo kernels are off"),
-            );
-            Err(format!("{STACK_ENV}={text}"))
-        }
+        Ok(text) => Err(turns_halo_off(STACK_ENV, text, "neither 0 nor 1")),
     }
+}
+
+/// Warns once that tuning variable `var` holds `text`, which is `what`, so
+/// the halo kernels are off; the reason for the decline.
+fn turns_halo_off(var: &str, text: &str, what: &str) -> String {
+    warn_once(
+        &format!("{var}:{text}"),
+        &format!("{var}={text:?} is {what}: the halo kernels are off"),
+    );
+    format!("{var}={text}")
 }
 
 /// The `(rows, cols)` of a block of whole output rows for position tiles of
@@ -526,15 +530,7 @@ impl HaloBlock {
         match std::env::var(TAP_BUFFERS_ENV).as_deref().map(str::trim) {
             Err(_) | Ok("2") if fits => Ok(two),
             Err(_) | Ok("1") | Ok("2") => Ok(self),
-            Ok(text) => {
-                warn_once(
-                    &format!("halo-tap-buffers:{text}"),
-                    &format!(
-                        "{TAP_BUFFERS_ENV}={text:?} is neither 1 nor 2: the halo kernels are off"
-                    ),
-                );
-                Err(format!("{TAP_BUFFERS_ENV}={text}"))
-            }
+            Ok(text) => Err(turns_halo_off(TAP_BUFFERS_ENV, text, "neither 1 nor 2")),
         }
     }
 
