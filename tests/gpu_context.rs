@@ -494,12 +494,10 @@ fn parameters_in_immediates_and_in_uniform_buffers_give_the_same_results() {
         skip("adapter has too few immediate bytes; only the uniform path exists");
         return;
     }
-    let a = train_small_model(&Device::Gpu(with));
-    let b = train_small_model(&Device::Gpu(without));
-    assert!(a.0.iter().chain(&a.1).all(|v| v.is_finite()));
-    assert_eq!(
-        a, b,
-        "the same kernels on the same adapter must agree bit for bit"
+    assert_train_alike(
+        with,
+        without,
+        "the same kernels on the same adapter must agree bit for bit",
     );
 }
 
@@ -516,13 +514,20 @@ fn shaders_with_and_without_index_checks_give_the_same_results() {
         ..test_gpu_options()
     })
     .unwrap();
-    let a = train_small_model(&Device::Gpu(without));
-    let b = train_small_model(&Device::Gpu(with));
-    assert!(a.0.iter().chain(&a.1).all(|v| v.is_finite()));
-    assert_eq!(
-        a, b,
-        "naga's index clamping must change no result: an index it would clamp is a bug"
+    assert_train_alike(
+        without,
+        with,
+        "naga's index clamping must change no result: an index it would clamp is a bug",
     );
+}
+
+/// Trains the small model on `a` and on `b`: finite losses and predictions,
+/// the same bit for bit (`why` says why they must be).
+fn assert_train_alike(a: Arc<GpuContext>, b: Arc<GpuContext>, why: &str) {
+    let a = train_small_model(&Device::Gpu(a));
+    let b = train_small_model(&Device::Gpu(b));
+    assert!(a.0.iter().chain(&a.1).all(|v| v.is_finite()));
+    assert_eq!(a, b, "{why}");
 }
 
 #[test]
