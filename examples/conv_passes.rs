@@ -123,8 +123,7 @@ fn main() -> Result<()> {
             Ok(median(samples))
         };
         let forward = time(&mut || layer.forward(&x, train).map(drop))?;
-        let nodx = std::env::var_os("AETHER_DIAG_NODX").is_some();
-        let backward = time(&mut || layer.backward(&dy, !first && !nodx).map(drop))?;
+        let backward = time(&mut || layer.backward(&dy, !first).map(drop))?;
         let gemm = (2 * n * h * w * 9 * c_in * c_out) as f64;
         // dweight with its dbias row, and dinput except for the first conv.
         let backward_flops =

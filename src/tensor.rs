@@ -335,8 +335,7 @@ impl Tensor {
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST;
         // A recycled buffer cannot fail: error scopes only around a new one.
-        let fresh = DIAG_FRESH.with(|f| f.get());
-        let buffer = match ctx.pool().recycle(bytes, usage).filter(|_| !fresh) {
+        let buffer = match ctx.pool().recycle(bytes, usage) {
             Some(buffer) => buffer,
             None => new_buffer(ctx, bytes, usage, what)?,
         };
@@ -594,11 +593,6 @@ pub(crate) fn packed_offsets(lengths: impl IntoIterator<Item = usize>, unit: usi
         offsets.push(end);
     }
     offsets
-}
-
-thread_local! {
-    /// DIAG (throwaway): allocate a buffer never used before.
-    pub(crate) static DIAG_FRESH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A new pooled buffer inside error scopes, so a refused or failed allocation is

@@ -212,14 +212,7 @@ pub(crate) fn conv2d_dweight_into(
         None => per_slice,
     };
     let split = plan.split_k as usize;
-    let diag = std::env::var_os("AETHER_DIAG_OVERLAP").is_some();
-    crate::tensor::DIAG_FRESH.with(|f| f.set(diag));
-    let partial = Tensor::uninit_gpu(ctx, Shape::new([split, slice_stride])?, DType::F32);
-    crate::tensor::DIAG_FRESH.with(|f| f.set(false));
-    let partial = partial?;
-    if diag {
-        std::mem::forget(partial.clone());
-    }
+    let partial = Tensor::uninit_gpu(ctx, Shape::new([split, slice_stride])?, DType::F32)?;
     let tile_k = plan.tile_k as usize;
     let slice_len = meta.m.div_ceil(tile_k).div_ceil(split) * tile_k;
     ctx.dispatch(
@@ -245,9 +238,6 @@ pub(crate) fn conv2d_dweight_into(
     let mut bindings = vec![buf(&partial), buf(&dw), buf(&db)];
     if let Some((_, w, wt)) = &flip {
         bindings.extend([buf(w), buf(wt)]);
-    }
-    if std::env::var_os("AETHER_DIAG_NOREDUCE").is_some() {
-        return Ok((dw, db, false));
     }
     ctx.dispatch(
         "conv_dweight_reduce",

@@ -213,39 +213,6 @@ impl Layer for Conv2d {
             (_, DType::F32) => (dy.clone(), cast_f16(&x, false)?),
             _ => (dy.clone(), x),
         };
-        if need_dx && std::env::var_os("AETHER_DIAG_B").is_some() {
-            let kernel = self.kernel_operand()?;
-            let (dw, db, _) = conv2d_dweight_into(
-                &x,
-                &dy,
-                &params,
-                &self.plans,
-                self.grad_outputs.as_ref(),
-                None,
-            )?;
-            self.grads = Some((dw, db));
-            let alias = target_dims_match(&flipped_filter_target(&dy, &kernel, dims, &params, &self.plans)?, &kernel);
-            crate::tensor::DIAG_FRESH.with(|f| f.set(true));
-            let dx = conv2d_dinput_into(&dy, (&kernel, alias), dims, &params, &self.plans);
-            crate::tensor::DIAG_FRESH.with(|f| f.set(false));
-            let dx = dx?;
-            std::mem::forget(dx.clone());
-            return Ok(Some(dx));
-        }
-        if need_dx && std::env::var_os("AETHER_DIAG_OVERLAP").is_some() {
-            let kernel = self.kernel_operand()?;
-            let dx = conv2d_dinput_into(&dy, (&kernel, None), dims, &params, &self.plans)?;
-            let (dw, db, _) = conv2d_dweight_into(
-                &x,
-                &dy,
-                &params,
-                &self.plans,
-                self.grad_outputs.as_ref(),
-                None,
-            )?;
-            self.grads = Some((dw, db));
-            return Ok(Some(dx));
-        }
         // Where dinput runs the halo kernel, dweight's reduce also writes the
         // flipped filter it reads: one dispatch fewer than its own flip.
         let kernel = if need_dx {
@@ -498,8 +465,4 @@ impl Layer for Dense {
     fn end_step(&mut self) {
         self.conv.end_step();
     }
-}
-
-fn target_dims_match<'a>(target: &Option<Tensor>, kernel: &'a Tensor) -> Option<&'a Tensor> {
-    target.as_ref().filter(|t| t.dims() == kernel.dims()).map(|_| kernel)
 }
