@@ -21,13 +21,14 @@ timeout 90 /tmp/b/cifar10_breakdown --repeats 5 > "$R/bd_cold.txt" 2>&1
 echo "cold cache: rc=$? $(grep 'first step' "$R/bd_cold.txt")"
 timeout 90 /tmp/b/cifar10_breakdown --repeats 50 > "$R/bd.txt" 2>&1
 echo "breakdown: rc=$?"; grep -vE "^\[aether\]|^ *$" "$R/bd.txt" | head -14
-timeout 200 python3 benches/pytorch_reference.py --repeats 30 > "$R/pt.txt" 2>&1
-echo "pytorch: rc=$?"; tail -10 "$R/pt.txt"
+timeout 200 python3 benches/pytorch_reference.py --repeats 30 --parts > "$R/pt.txt" 2>&1
+echo "pytorch: rc=$?"; grep -v '^parts' "$R/pt.txt" | tail -10; grep '^parts' "$R/pt.txt"
 awk -f .ci/conv-verdict.awk "$R/bd.txt" "$R/pt.txt"
 # The same verdict with aether's passes timed as the reference times cuDNN's:
-# 20 calls back to back in one compute pass (examples/conv_passes.rs).
-timeout 120 /tmp/b/conv_passes --repeats 30 > "$R/passes.txt" 2>&1
-echo "back-to-back passes: rc=$?"; tail -6 "$R/passes.txt"
+# 20 calls back to back in one compute pass (examples/conv_passes.rs), with
+# each backward's two halves beside cuDNN's (the `parts` lines).
+timeout 120 /tmp/b/conv_passes --repeats 30 --parts > "$R/passes.txt" 2>&1
+echo "back-to-back passes: rc=$?"; grep -v '^parts' "$R/passes.txt" | tail -6; grep '^parts' "$R/passes.txt"
 awk -f .ci/conv-verdict.awk "$R/passes.txt" "$R/pt.txt" | sed 's/^/back to back: /'
 timeout 60 /tmp/b/conv_bench --bench 'coop16/large' < /dev/null > "$R/large.txt" 2>&1
 echo "large shape: rc=$?"; summary "$R/large.txt"

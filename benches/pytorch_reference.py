@@ -4,7 +4,7 @@ its five conv shapes (plus the large 56x56x64->64 bench shape), timed the way
 `cargo run --release --example cifar10_breakdown` times aether, printing the
 same table layout so one device run puts both side by side.
 
-    python3 benches/pytorch_reference.py [--batch-size 256] [--repeats 30] [--json PATH]
+    python3 benches/pytorch_reference.py [--batch-size 256] [--repeats 30] [--json PATH] [--parts]
 
 - ms/step: median over --repeats steps, each synchronised on its own, of
   host->device batch copy + forward + loss + backward + AdamW, for fp32 eager,
@@ -16,6 +16,10 @@ same table layout so one device run puts both side by side.
   --repeats (the fwd/bwd columns); and the same 20 calls issued eagerly (the
   eager columns), which is the host's time wherever PyTorch's dispatch per
   call outlasts the kernels.
+- With --parts, each conv's backward again in two halves, graph-timed the same
+  way: wgrad + bias grad, and dgrad alone (not for the first layer), printed
+  after the table as `parts` lines (as `examples/conv_passes.rs --parts`
+  prints aether's: dweight + its reduce, and dinput).
 """
 
 import argparse
@@ -136,7 +140,7 @@ def model_step_times(n, repeats):
     return results
 
 
-def conv_times(n, shape, first, repeats, calls=20):
+def conv_times(n, shape, first, repeats, parts=False, calls=20):
     h, w, c_in, c_out = shape
     conv = nn.Conv2d(c_in, c_out, 3, padding=1).cuda().half().to(memory_format=torch.channels_last)
     x = torch.randn(n, c_in, h, w, device="cuda").half().to(memory_format=torch.channels_last)
@@ -191,13 +195,17 @@ def conv_times(n, shape, first, repeats, calls=20):
         with torch.no_grad():
             conv(x)
 
-    def backward():
+    def backward(mask=mask):
         with torch.no_grad():
             torch.ops.aten.convolution_backward(
                 dy, x, conv.weight, [c_out], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask)
 
     eager = (event_ms(forward), event_ms(backward))
     fwd, bwd = graph_ms(forward), graph_ms(backward)
+    halves = {}
+    if parts:
+        halves["wgrad_ms"] = graph_ms(lambda: backward([False, True, True]))
+        halves["dgrad_ms"] = None if first else graph_ms(lambda: backward([True, False, False]))
     m, k = n * h * w, 9 * c_in
     fwd_flops = 2 * m * k * c_out
     bwd_flops = 2 * m * (k + 1) * c_out + (0 if first else 2 * m * k * c_out)
@@ -210,6 +218,7 @@ def conv_times(n, shape, first, repeats, calls=20):
         "variant": "cudnn fp16 NHWC",
         "eager_forward_ms": eager[0],
         "eager_backward_ms": eager[1],
+        **halves,
     }
 
 
@@ -218,6 +227,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--json")
+    parser.add_argument("--parts", action="store_true",
+                        help="also time each conv's wgrad + bias grad and its dgrad apart")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     n = args.batch_size
@@ -227,7 +238,8 @@ def main():
         print(f"v1 CIFAR-10 model, batch {n}, 32x32x3, {name}: {ms:.3f} ms/step "
               f"(median of {args.repeats} synchronised steps), {n / ms * 1e3:.0f} images/s; "
               f"pipelined {pipelined:.3f} ms/step")
-    convs = [dict(layer=i, **conv_times(n, s, i == 0, args.repeats)) for i, s in enumerate(LAYERS)]
+    convs = [dict(layer=i, **conv_times(n, s, i == 0, args.repeats, args.parts))
+             for i, s in enumerate(LAYERS)]
     large = conv_times(n, LARGE, False, args.repeats)
     print(f"{'layer':<5} {'conv':<26} {'fwd ms':>10} {'bwd ms':>10} {'fwd TF/s':>9} {'bwd TF/s':>9}  "
           f"variant          {'eager fwd':>9} {'eager bwd':>9}")
@@ -237,6 +249,13 @@ def main():
               f"{c['eager_forward_ms']:>9.4f} {c['eager_backward_ms']:>9.4f}")
     total = sum(c["forward_ms"] + c["backward_ms"] for c in convs)
     print(f"{'all convs':<32} {total:>10.4f} ms (fwd+bwd)")
+    if args.parts:
+        # `parts` first, so .ci/conv-verdict.awk (which matches `Conv2d` as the
+        # second field) leaves these lines alone.
+        print(f"parts {'layer':<5} {'conv':<26} {'wgrad+bias ms':>13} {'dgrad ms':>10}")
+        for c in convs:
+            dgrad = "-" if c["dgrad_ms"] is None else f"{c['dgrad_ms']:.4f}"
+            print(f"parts {c['layer']:<5} {c['shape']:<26} {c['wgrad_ms']:>13.4f} {dgrad:>10}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "batch": n, "repeats": args.repeats,

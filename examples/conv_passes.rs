@@ -2,7 +2,7 @@
 //! times cuDNN's: its forward, and its backward, called 20 times back to back on
 //! the same operands and divided by 20, the median of `--repeats`.
 //!
-//!     cargo run --release --example conv_passes -- [--batch-size 256] [--repeats 30] [--calls 20]
+//!     cargo run --release --example conv_passes -- [--batch-size 256] [--repeats 30] [--calls 20] [--parts]
 //!
 //! The calls go through the `Conv2d` layer as a training step makes them (f16
 //! input and gradient, as the v1 model hands them over; the backward's dweight,
@@ -11,14 +11,17 @@
 //! reference replays its 20 calls as one CUDA graph. `cifar10_breakdown` times
 //! each dispatch in a pass of its own inside a real step instead. The table has
 //! the breakdown's layout, so `.ci/conv-verdict.awk` sets it against the
-//! reference's.
+//! reference's. `--parts` also times each backward without its dinput (dweight
+//! and its reduce) and prints, after the table, `parts` lines with that and the
+//! rest (dinput, with the filter flip its halo kernel reads), as `benches/pytorch_reference.py --parts` prints cuDNN's
+//! wgrad + bias grad and dgrad.
 
 use aether::conv::Padding;
 use aether::gpu::DevicePreference;
 use aether::nn::{Conv2d, Layer, Mode};
 use aether::{AetherError, Device, Result, Tensor};
 
-const USAGE: &str = "usage: conv_passes [--batch-size N] [--repeats N] [--calls N]";
+const USAGE: &str = "usage: conv_passes [--batch-size N] [--repeats N] [--calls N] [--parts]";
 
 /// (H, W, C_in, C_out) of the v1 model's five 3x3 'same' convs, as in
 /// benches/pytorch_reference.py.
@@ -34,6 +37,7 @@ struct Args {
     batch: usize,
     repeats: usize,
     calls: usize,
+    parts: bool,
 }
 
 impl Args {
@@ -42,11 +46,16 @@ impl Args {
             batch: 256,
             repeats: 30,
             calls: 20,
+            parts: false,
         };
         let mut it = std::env::args().skip(1);
         while let Some(flag) = it.next() {
             if matches!(flag.as_str(), "--help" | "-h") {
                 return Err(USAGE.into());
+            }
+            if flag == "--parts" {
+                args.parts = true;
+                continue;
             }
             let value = it.next().ok_or(format!("{flag} needs a value"))?;
             let count = match value.parse::<usize>() {
@@ -94,6 +103,7 @@ fn main() -> Result<()> {
         "layer", "conv", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s"
     );
     let mut total = 0.0;
+    let mut parts = Vec::new();
     for (index, &(h, w, c_in, c_out)) in LAYERS.iter().enumerate() {
         let n = args.batch;
         let first = index == 0;
@@ -124,6 +134,11 @@ fn main() -> Result<()> {
         };
         let forward = time(&mut || layer.forward(&x, train).map(drop))?;
         let backward = time(&mut || layer.backward(&dy, !first).map(drop))?;
+        if args.parts && !first {
+            layer.backward(&dy, false)?; // its reduce's pipeline compiled
+            let weights = time(&mut || layer.backward(&dy, false).map(drop))?;
+            parts.push((index, format!("{h}x{w}x{c_in}->{c_out}"), weights, backward));
+        }
         let gemm = (2 * n * h * w * 9 * c_in * c_out) as f64;
         // dweight with its dbias row, and dinput except for the first conv.
         let backward_flops =
@@ -137,5 +152,19 @@ fn main() -> Result<()> {
         total += forward + backward;
     }
     println!("{:<32} {total:>10.4} ms (fwd+bwd)", "all convs");
+    if args.parts {
+        // `parts` first, so .ci/conv-verdict.awk (which matches `Conv2d` as the
+        // second field) leaves these lines alone.
+        println!(
+            "parts {:<5} {:<26} {:>14} {:>14}",
+            "layer", "conv", "dW+reduce ms", "dX (rest) ms"
+        );
+        for (index, shape, weights, backward) in parts {
+            println!(
+                "parts {index:<5} Conv2d {shape:<19} {weights:>14.4} {:>14.4}",
+                backward - weights
+            );
+        }
+    }
     Ok(())
 }
