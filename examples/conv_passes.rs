@@ -13,8 +13,9 @@
 //! the breakdown's layout, so `.ci/conv-verdict.awk` sets it against the
 //! reference's. `--parts` also times each backward without its dinput (dweight
 //! and its reduce) and prints, after the table, `parts` lines with that and the
-//! rest (dinput, with the filter flip its halo kernel reads), as `benches/pytorch_reference.py --parts` prints cuDNN's
-//! wgrad + bias grad and dgrad.
+//! rest (dinput, with the filter flip its halo kernel reads), as
+//! `benches/pytorch_reference.py --parts` prints cuDNN's wgrad + bias grad and
+//! dgrad.
 
 use aether::conv::Padding;
 use aether::gpu::DevicePreference;
@@ -132,20 +133,20 @@ fn main() -> Result<()> {
             }
             Ok(median(samples))
         };
+        let shape = format!("{h}x{w}x{c_in}->{c_out}");
         let forward = time(&mut || layer.forward(&x, train).map(drop))?;
         let backward = time(&mut || layer.backward(&dy, !first).map(drop))?;
         if args.parts && !first {
             layer.backward(&dy, false)?; // its reduce's pipeline compiled
             let weights = time(&mut || layer.backward(&dy, false).map(drop))?;
-            parts.push((index, format!("{h}x{w}x{c_in}->{c_out}"), weights, backward));
+            parts.push((index, shape.clone(), weights, backward));
         }
         let gemm = (2 * n * h * w * 9 * c_in * c_out) as f64;
         // dweight with its dbias row, and dinput except for the first conv.
         let backward_flops =
             gemm * (if first { 1.0 } else { 2.0 }) + (2 * n * h * w * c_out) as f64;
         println!(
-            "{index:<5} Conv2d {:<19} {forward:>10.4} {backward:>10.4} {:>9.2} {:>9.2}",
-            format!("{h}x{w}x{c_in}->{c_out}"),
+            "{index:<5} Conv2d {shape:<19} {forward:>10.4} {backward:>10.4} {:>9.2} {:>9.2}",
             gemm / (forward * 1e-3) / 1e12,
             backward_flops / (backward * 1e-3) / 1e12,
         );
