@@ -5,6 +5,7 @@ its five conv shapes (plus the large 56x56x64->64 bench shape), timed the way
 same table layout so one device run puts both side by side.
 
     python3 benches/pytorch_reference.py [--batch-size 256] [--repeats 30] [--json PATH] [--parts]
+    python3 benches/pytorch_reference.py --kernels
 
 - ms/step: median over --repeats steps, each synchronised on its own, of
   host->device batch copy + forward + loss + backward + AdamW, for fp32 eager,
@@ -20,6 +21,9 @@ same table layout so one device run puts both side by side.
   way: wgrad + bias grad, and dgrad alone (not for the first layer), printed
   after the table as `parts` lines (as `examples/conv_passes.rs --parts`
   prints aether's: dweight + its reduce, and dinput).
+- With --kernels, only the CUDA kernels cuDNN runs for each conv's forward,
+  wgrad + bias grad and dgrad, with their times from torch.profiler: which
+  algorithm cudnn.benchmark picked (an implicit GEMM, Winograd, FFT).
 """
 
 import argparse
@@ -140,14 +144,52 @@ def model_step_times(n, repeats):
     return results
 
 
-def conv_times(n, shape, first, repeats, parts=False, calls=20):
+def conv_calls(n, shape):
+    """The conv's forward, and its backward for an output mask (dgrad, wgrad,
+    bias grad): what autograd runs, called directly so that it can be captured
+    on a graph's stream."""
     h, w, c_in, c_out = shape
     conv = nn.Conv2d(c_in, c_out, 3, padding=1).cuda().half().to(memory_format=torch.channels_last)
     x = torch.randn(n, c_in, h, w, device="cuda").half().to(memory_format=torch.channels_last)
     with torch.no_grad():
         dy = torch.randn_like(conv(x))
-    # What autograd runs for the conv's backward (dgrad, wgrad, bias grad),
-    # called directly so that it can be captured on the graph's stream.
+
+    def forward():
+        with torch.no_grad():
+            conv(x)
+
+    def backward(mask):
+        with torch.no_grad():
+            torch.ops.aten.convolution_backward(
+                dy, x, conv.weight, [c_out], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask)
+
+    return forward, backward
+
+
+def conv_kernels(n, shape):
+    """The CUDA kernels cuDNN runs for the conv's forward, wgrad + bias grad and
+    dgrad (after cudnn.benchmark has picked them), with their device times."""
+    forward, backward = conv_calls(n, shape)
+    passes = {"forward": forward,
+              "wgrad+bias": lambda: backward([False, True, True]),
+              "dgrad": lambda: backward([True, False, False])}
+    rows = []
+    for name, fn in passes.items():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                rows.append((name, event.device_time, event.name))
+    return rows
+
+
+def conv_times(n, shape, first, repeats, parts=False, calls=20):
+    h, w, c_in, c_out = shape
+    forward, backward_masked = conv_calls(n, shape)
     mask = [not first, True, True]
 
     def event_ms(fn):
@@ -191,14 +233,8 @@ def conv_times(n, shape, first, repeats, parts=False, calls=20):
             samples.append(start.elapsed_time(end) / calls)
         return statistics.median(samples)
 
-    def forward():
-        with torch.no_grad():
-            conv(x)
-
     def backward(mask=mask):
-        with torch.no_grad():
-            torch.ops.aten.convolution_backward(
-                dy, x, conv.weight, [c_out], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask)
+        backward_masked(mask)
 
     eager = (event_ms(forward), event_ms(backward))
     fwd, bwd = graph_ms(forward), graph_ms(backward)
@@ -229,10 +265,18 @@ def main():
     parser.add_argument("--json")
     parser.add_argument("--parts", action="store_true",
                         help="also time each conv's wgrad + bias grad and its dgrad apart")
+    parser.add_argument("--kernels", action="store_true",
+                        help="only list the CUDA kernels cuDNN runs for each conv's passes")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     n = args.batch_size
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} cuDNN {torch.backends.cudnn.version()}")
+    if args.kernels:
+        for shape in LAYERS[1:] + [LARGE]:
+            label = "Conv2d {}x{}x{}->{}".format(*shape)
+            for name, us, kernel in conv_kernels(n, shape):
+                print(f"kernels {label:<26} {name:<11} {us:>8.1f} us  {kernel}")
+        return
     steps = model_step_times(n, args.repeats)
     for name, (ms, pipelined) in steps.items():
         print(f"v1 CIFAR-10 model, batch {n}, 32x32x3, {name}: {ms:.3f} ms/step "
