@@ -4,7 +4,8 @@
 # (8x8x64 -> 128, batch 256: a transposed conv of 128 input channels to 64).
 # Perf-notes entry 84: its two-row blocks make only 64 workgroups, so each would
 # have to do twice the forward's work per compute unit; 32 subgroups give it twice
-# the warps. Not yet run (no machine came in stop 32). About 2 minutes.
+# the warps. Run I8 (entry 85): 32 subgroups lost to 16, and the core won; the
+# 9-tap and 8-position pins do not fit (they warn now). About 2 minutes.
 pin() { echo "AETHER_HALO_STACK=1 AETHER_FORWARD_HALO=$1"; }
 bash .ci/gpu-sweep.sh 'coop16/conv5_b256/dinput' <<CONFIGS
 core

@@ -3,7 +3,8 @@
 //! the coop variants, and a malformed override as an error. Each block is
 //! pinned through its environment variable, so this binary holds a single
 //! test, which sets the variables in turn while no other thread reads the
-//! environment.
+//! environment. A pinned block that does not fit its shape warns as the GEMM
+//! core runs instead.
 //!
 //! Bound (norm-relative, f16 operands): 5e-3.
 
@@ -152,6 +153,48 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
         }
         report(&format!("[aether-test] {pinned}: ok"));
     }
+    // A pinned halo block that does not fit the shape (8 channel tiles: 64 or
+    // 128 channels, against 32) lets the GEMM core run it, and says so.
+    let pin = "256x8x3x16";
+    let params = ConvParams::new(32, 3, Padding::Same);
+    let meta = ConvShapeMeta::new([1, 8, 8, 32], &params).unwrap();
+    let x = rng.vec(meta.n * meta.h * meta.w * meta.c_in);
+    let w = rng.vec(meta.k * meta.c_out);
+    let b = rng.vec(meta.c_out);
+    let want = reference::forward(&meta, &x, &w, &b);
+    // SAFETY: as above.
+    unsafe { std::env::set_var(HALO_ENV, pin) };
+    for &variant in &coop {
+        let plans = ConvPlans::forcing(variant);
+        let before = aether::diagnostics::warnings().len();
+        let y = conv2d_forward(
+            &Tensor::from_f32(vec![1, 8, 8, 32], x.clone(), &device).unwrap(),
+            &Tensor::from_f32(meta.weight_dims().to_vec(), w.clone(), &device).unwrap(),
+            &Tensor::from_f32(vec![32], b.clone(), &device).unwrap(),
+            &params,
+            &plans,
+        )
+        .unwrap();
+        let err = norm_rel_error(&y.to_vec_f32().unwrap(), &want);
+        let ctx = format!("{HALO_ENV}={pin} [{}] seed {}", variant.name(), rng.seed);
+        assert!(
+            err <= F16_BOUND,
+            "forward {ctx}: error {err:e} > {F16_BOUND:e}"
+        );
+        assert!(
+            plans
+                .summary()
+                .iter()
+                .all(|(_, _, plan)| plan.halo.is_none()),
+            "{ctx}: a halo block ran"
+        );
+        let warned = aether::diagnostics::warnings()[before..]
+            .iter()
+            .any(|w| w.contains(&format!("{HALO_ENV}={pin}")) && w.contains("GEMM core runs it"));
+        assert!(warned, "{ctx}: the declined pin did not warn");
+    }
+    // SAFETY: as above.
+    unsafe { std::env::remove_var(HALO_ENV) };
     // A GEMM block no parser accepts stops the conv with an error naming the
     // variable, rather than quietly running the next variant.
     let meta = ConvShapeMeta::new([1, 4, 4, 8], &ConvParams::new(8, 1, Padding::Same)).unwrap();

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::coop::CoopBlock;
-use super::dweight_halo::DWeightHalo;
-use super::halo::{HaloBlock, Narrow};
+use super::dweight_halo::{self, DWeightHalo};
+use super::halo::{HaloBlock, Narrow, forward_pin, warn_pin_declined};
 use crate::diagnostics::warn_once;
 use crate::gpu::{GpuCapabilities, GpuContext, GpuSlice, PipelineKey};
 use crate::tensor::{DType, Tensor};
@@ -864,7 +864,11 @@ impl ConvLaunchPlan {
                 workgroups: halo.grid(meta).map(|g| g as u32),
                 ..self
             },
-            Err(_) => self,
+            Err(why) => {
+                let kernel = format!("the halo kernel at tile {}", block.tile);
+                warn_pin_declined(forward_pin(), &kernel, meta, &why);
+                self
+            }
         }
     }
 
@@ -875,8 +879,13 @@ impl ConvLaunchPlan {
         let Some(block) = self.coop else {
             return self;
         };
-        let Ok(halo) = DWeightHalo::fit(block.tile, meta, caps) else {
-            return self;
+        let halo = match DWeightHalo::fit(block.tile, meta, caps) {
+            Ok(halo) => halo,
+            Err(why) => {
+                let kernel = format!("dweight's halo kernel at tile {}", block.tile);
+                warn_pin_declined(dweight_halo::pin(), &kernel, meta, &why);
+                return self;
+            }
         };
         let partial_bytes = halo.slices as usize * DWeightHalo::partial_rows(meta) * meta.c_out * 4;
         if partial_bytes as u64 > caps.limits.max_storage_buffer_binding_size {

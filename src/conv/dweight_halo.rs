@@ -43,6 +43,14 @@ fn block_positions() -> std::result::Result<usize, String> {
     }
 }
 
+/// `AETHER_DWEIGHT_HALO=N` where it pins a block of N positions, else `None`.
+pub(crate) fn pin() -> Option<String> {
+    std::env::var(DWEIGHT_HALO_ENV)
+        .ok()
+        .filter(|v| v.trim().parse::<usize>().is_ok_and(|p| p > 0))
+        .map(|v| format!("{DWEIGHT_HALO_ENV}={v}"))
+}
+
 /// Chunks of 2 tiles of input by 2 tiles of output channels at `tile`.
 fn channel_chunks(tile: u32, meta: &ConvShapeMeta) -> usize {
     let chunk = 2 * tile as usize;

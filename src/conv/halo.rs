@@ -216,6 +216,44 @@ fn stacked_images(
 
 /// Warns once that tuning variable `var` holds `text`, which is `what`, so
 /// the halo kernels are off; the reason for the decline.
+/// Where a tuning variable pins a block (`pin`: its settings), a warning,
+/// once per pin and shape, that the block does not fit `meta` and the GEMM
+/// core runs it instead: a sweep must not time the core under a block's label.
+pub(crate) fn warn_pin_declined(
+    pin: Option<String>,
+    kernel: &str,
+    meta: &ConvShapeMeta,
+    why: &str,
+) {
+    let Some(pin) = pin else {
+        return;
+    };
+    let shape = format!(
+        "{}x{}x{}x{} -> {} ({}x{})",
+        meta.n, meta.h, meta.w, meta.c_in, meta.c_out, meta.r, meta.s
+    );
+    warn_once(
+        &format!("pin-declined:{pin}:{kernel}:{shape}"),
+        &format!("{pin} does not fit {kernel} on the conv {shape}: {why}; the GEMM core runs it"),
+    );
+}
+
+/// The settings that pin the forward's halo blocks (a well-formed
+/// `AETHER_FORWARD_HALO`, `AETHER_HALO_STACK=1`), or `None`: `0` pins nothing,
+/// and malformed values have warned already.
+pub(crate) fn forward_pin() -> Option<String> {
+    let block = std::env::var(HALO_ENV)
+        .ok()
+        .filter(|v| parse_block(v.trim()).is_some())
+        .map(|v| format!("{HALO_ENV}={v}"));
+    let stacked = std::env::var(STACK_ENV)
+        .ok()
+        .filter(|v| v.trim() == "1")
+        .map(|v| format!("{STACK_ENV}={v}"));
+    let pin: Vec<String> = block.into_iter().chain(stacked).collect();
+    (!pin.is_empty()).then(|| pin.join(" "))
+}
+
 fn turns_halo_off(var: &str, text: &str, what: &str) -> String {
     warn_once(
         &format!("{var}:{text}"),
