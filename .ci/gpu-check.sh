@@ -3,7 +3,7 @@
 # `bash .ci/gpu-pack.sh conv conv_pinned_blocks`): issue 7's checks in one
 # call, about 3 minutes on an H100: the v1 step's breakdown, PyTorch + cuDNN on
 # the same machine (benches/pytorch_reference.py) with each conv pass set
-# against cuDNN's (.ci/conv-verdict.awk), in the step and back to back
+# against cuDNN's (.ci/conv-verdict.awk) and the kernels cuDNN ran, in the step and back to back
 # (examples/conv_passes.rs), the large shape's and the 4096^3 GEMM's criterion
 # benches (the GEMM also with the blocks it had before docs/perf-notes.md entry
 # 62), the conv suite, the sweeps' pinned blocks and the v1 shapes' benches. A
@@ -24,6 +24,14 @@ echo "breakdown: rc=$?"; grep -vE "^\[aether\]|^ *$" "$R/bd.txt" | head -14
 timeout 200 python3 benches/pytorch_reference.py --repeats 30 --parts > "$R/pt.txt" 2>&1
 echo "pytorch: rc=$?"; grep -v '^parts' "$R/pt.txt" | tail -10; grep '^parts' "$R/pt.txt"
 awk -f .ci/conv-verdict.awk "$R/bd.txt" "$R/pt.txt"
+# Which kernels cuDNN ran (docs/perf-notes.md, entry 85): its algorithm choice
+# can change with the driver or the cuDNN version.
+timeout 60 python3 benches/pytorch_reference.py --kernels > "$R/kernels.txt" 2>&1
+echo "cudnn kernels: rc=$?"; grep '^kernels' "$R/kernels.txt" | grep -v -e Memset -e elementwise -e reduce_kernel \
+    | awk '{k = ($7 == "void") ? $8 : $7
+            if (k ~ /Kernel</) { sub(/.*Kernel</, "", k); sub(/>.*/, "", k) }
+            else sub(/_kernel__5x_cudnn.*|<.*|\(.*/, "", k)
+            print $3, $4, $5, "us", k}'
 # The same verdict with aether's passes timed as the reference times cuDNN's:
 # 20 calls back to back in one compute pass (examples/conv_passes.rs), with
 # each backward's two halves beside cuDNN's (the `parts` lines).
