@@ -50,7 +50,9 @@ pub enum Narrow {
     /// The GEMM core runs: dinput's transposed conv on the same layer took
     /// 35.7-62.6 us in the stacked blocks that fit, against the core's
     /// 33.6-33.9 (entry 82), and 35.0-51.0 against 33.3 without naga's index
-    /// clamping and with two tap buffers (entry 83).
+    /// clamping and with two tap buffers (entry 83). Those criterion times
+    /// include a filter flip the step does not run; back to back, blocks of 2
+    /// channel tiles win (entry 86, not yet the rule).
     Decline,
 }
 
