@@ -193,6 +193,10 @@ fn bench_variant(c: &mut Criterion, device: &Device, variant: Option<ConvVariant
             Throughput::Elements(ops.gemm_flops(m.k + 1)),
             &|| conv2d_dweight(&ops.x, &ops.dy, p, &plans).map(drop),
         );
+        // Where dinput runs the halo kernel, `conv2d_dinput` flips the filter in
+        // a dispatch of its own first, which a training step leaves to the
+        // dweight reduce: halo-versus-core verdicts on dinput belong to
+        // `examples/conv_passes.rs --parts` (docs/perf-notes.md, entry 86).
         bench(
             &mut group,
             device,
