@@ -5,10 +5,10 @@
 # and prints one line per config with its times in the bench's order, plus any
 # [aether] warning (a pinned block that does not fit says so). The summary goes
 # to stdout and $OUT/log.txt, the last bench's whole output to $OUT/bench.txt.
-# The gpu-sweep-*.sh scripts hold the configs of each sweep. Criterion's dinput
-# carries a filter flip wherever the halo kernel runs, which the step does not
-# (docs/perf-notes.md, entry 86): sweep dinput's blocks back to back with
-# `conv_passes --parts` too.
+# The gpu-sweep-*.sh scripts hold the configs of each sweep. Before stop 33 the
+# bench's dinput also flipped the filter wherever the halo kernel ran, which the
+# step does not (docs/perf-notes.md, entry 86): sweeps run before then favour
+# the GEMM core on dinput.
 filter=$1
 source .ci/gpu-env.sh
 R=${OUT:-/tmp/sweep}; mkdir -p "$R"

@@ -10,6 +10,9 @@
 //! GPU iterations are timed with timestamp queries around each dispatch (the
 //! kernels' own GPU time, operands already in the variant's type, as a layer
 //! holds them), so they compare with cuDNN's per-call times in BENCHMARKS.md.
+//! dinput reads the filter flipped beforehand where its halo kernel runs, as a
+//! training step's dweight reduce writes it (until stop 33 its time included a
+//! flip dispatch: docs/perf-notes.md, entry 86).
 //! Throughput is given in elements/s where **one element is one floating-point
 //! operation** of the GEMM (2 per multiply-add): `Gelem/s` reads as GFLOP/s.
 //! The cast bench's throughput is in bytes read and written.
@@ -18,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use aether::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
-    conv2d_dinput, conv2d_dweight, conv2d_forward,
+    conv2d_dinput_flipped, conv2d_dweight, conv2d_forward, dinput_flipped_filter,
 };
 use aether::{Device, Result, Tensor};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode, Throughput, measurement::WallTime};
@@ -193,16 +196,21 @@ fn bench_variant(c: &mut Criterion, device: &Device, variant: Option<ConvVariant
             Throughput::Elements(ops.gemm_flops(m.k + 1)),
             &|| conv2d_dweight(&ops.x, &ops.dy, p, &plans).map(drop),
         );
-        // Where dinput runs the halo kernel, `conv2d_dinput` flips the filter in
-        // a dispatch of its own first, which a training step leaves to the
-        // dweight reduce: halo-versus-core verdicts on dinput belong to
-        // `examples/conv_passes.rs --parts` (docs/perf-notes.md, entry 86).
+        // The filter flipped once, as a training step's dweight reduce writes
+        // it: `conv2d_dinput` would flip it in a dispatch of its own each call
+        // where the halo kernel runs, and the GEMM core reads it unflipped
+        // (docs/perf-notes.md, entry 86).
+        let flipped = dinput_flipped_filter(&ops.w, m.input_dims(), p, &plans)
+            .expect("dinput's flipped filter");
         bench(
             &mut group,
             device,
             "dinput",
             Throughput::Elements(ops.gemm_flops(m.k)),
-            &|| conv2d_dinput(&ops.dy, &ops.w, m.input_dims(), p, &plans).map(drop),
+            &|| {
+                conv2d_dinput_flipped(&ops.dy, &ops.w, flipped.as_ref(), m.input_dims(), p, &plans)
+                    .map(drop)
+            },
         );
         if variant.is_some_and(ConvVariant::f16_operands) {
             // f32 dy and x read, f16 copies of both written.

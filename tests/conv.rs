@@ -16,7 +16,7 @@ mod common;
 use aether::conv::halo::GROUPS_PER_UNIT;
 use aether::conv::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
-    conv2d_dinput, conv2d_dweight, conv2d_forward,
+    conv2d_dinput, conv2d_dinput_flipped, conv2d_dweight, conv2d_forward, dinput_flipped_filter,
 };
 use aether::gpu::DevicePreference;
 use aether::nn::{Conv2d, Layer, Mode};
@@ -389,6 +389,31 @@ test_device!(
                 }
                 let err = norm_rel_error(&dx.to_vec_f32().unwrap(), &want_dx);
                 assert!(err <= bound, "dinput {ctx}: error {err:e} > {bound:e}");
+                // A flipped filter made once gives the same bits as the flip
+                // each call makes; there is one exactly where the halo kernel runs.
+                let flipped = dinput_flipped_filter(&wt, case.input, &case.params, &plans).unwrap();
+                let halo = ran(ConvDirection::DInput, |_, p| p.halo.is_some());
+                assert_eq!(flipped.is_some(), halo, "dinput {ctx}: flipped filter");
+                let again = conv2d_dinput_flipped(
+                    &dyt,
+                    &wt,
+                    flipped.as_ref(),
+                    case.input,
+                    &case.params,
+                    &plans,
+                )
+                .unwrap();
+                let bits = |t: &Tensor| {
+                    t.to_vec_f32()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect::<Vec<_>>()
+                };
+                assert!(
+                    bits(&again) == bits(&dx),
+                    "dinput {ctx}: the flipped filter's result differs"
+                );
             }
         }
     }

@@ -53,12 +53,12 @@ pub fn conv2d_dinput(
     params: &ConvParams,
     plans: &ConvPlans,
 ) -> Result<Tensor> {
-    conv2d_dinput_into(dy, (w, None), input_dims, params, plans)
+    conv2d_dinput_flipped(dy, w, None, input_dims, params, plans)
 }
 
 /// Where dinput of `dy` and f16 `w` runs the halo kernel, an uninitialised
 /// tensor for its flipped filter, for the same backward's dweight reduce to
-/// write (`conv2d_dweight_into`) and [`conv2d_dinput_into`] to read; else
+/// write (`conv2d_dweight_into`) and [`conv2d_dinput_flipped`] to read; else
 /// `None` (dinput takes `w` as it is, or flips it itself).
 pub(crate) fn flipped_filter_target(
     dy: &Tensor,
@@ -103,12 +103,40 @@ fn plan(
     })
 }
 
-/// [`conv2d_dinput`] of the weights `w` and, where the same backward's
-/// dweight reduce wrote it, their `flipped` filter for the halo kernel
-/// (from [`flipped_filter_target`]).
-pub(crate) fn conv2d_dinput_into(
+/// The flipped filter dinput's halo kernel reads (`[R, S, C_out, C_in]`, f16),
+/// made from the weights `w` now, where dinput's plan for this shape runs that
+/// kernel; else `None`. [`conv2d_dinput`] flips the filter in a dispatch of its
+/// own each call; a caller that runs dinput again and again with the same
+/// weights passes this to [`conv2d_dinput_flipped`] instead, as a training
+/// step's dweight reduce writes it once per backward.
+pub fn dinput_flipped_filter(
+    w: &Tensor,
+    input_dims: [usize; 4],
+    params: &ConvParams,
+    plans: &ConvPlans,
+) -> Result<Option<Tensor>> {
+    let meta = ConvShapeMeta::new(input_dims, params)?;
+    expect_dims("conv2d_dinput weight", w, &meta.weight_dims())?;
+    let Some(ctx) = w.gpu_context() else {
+        return Ok(None);
+    };
+    let plan = plan(ctx, &meta, w, plans)?;
+    if plan.halo.is_none() {
+        return Ok(None);
+    }
+    let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant, false)?;
+    dinput_halo::flip_filter(ctx, &w_op, &meta).map(Some)
+}
+
+/// [`conv2d_dinput`] of the weights `w` with their `flipped` filter for the
+/// halo kernel, made by [`dinput_flipped_filter`] (or, in a layer's
+/// backward, written by its dweight reduce); with `None`, or
+/// where the halo kernel does not run, as [`conv2d_dinput`]. `flipped` must
+/// come from these weights.
+pub fn conv2d_dinput_flipped(
     dy: &Tensor,
-    (w, flipped): (&Tensor, Option<&Tensor>),
+    w: &Tensor,
+    flipped: Option<&Tensor>,
     input_dims: [usize; 4],
     params: &ConvParams,
     plans: &ConvPlans,

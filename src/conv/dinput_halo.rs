@@ -157,7 +157,11 @@ pub(crate) fn flipped_dims(meta: &ConvShapeMeta) -> [usize; 4] {
 }
 
 /// `wt[R * S - 1 - tap, c_out, c_in] = w[tap, c_in, c_out]`, f16.
-fn flip_filter(ctx: &Arc<GpuContext>, w: &Tensor, meta: &ConvShapeMeta) -> Result<Tensor> {
+pub(crate) fn flip_filter(
+    ctx: &Arc<GpuContext>,
+    w: &Tensor,
+    meta: &ConvShapeMeta,
+) -> Result<Tensor> {
     w.expect_dtype("conv2d_dinput flipped weight", DType::F16)?;
     let pipeline = ctx.pipelines().require(&flip_key(), "main", flip_source)?;
     let wt = Tensor::uninit_gpu(ctx, Shape::new(flipped_dims(meta))?, DType::F16)?;

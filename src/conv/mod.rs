@@ -21,7 +21,7 @@ pub use common::{
     PlannedLaunch,
 };
 pub use coop::CoopBlock;
-pub use dinput::conv2d_dinput;
+pub use dinput::{conv2d_dinput, conv2d_dinput_flipped, dinput_flipped_filter};
 pub use dweight::conv2d_dweight;
 pub use forward::conv2d_forward;
 pub use halo::HaloBlock;

@@ -12,7 +12,7 @@ use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc, state_
 use crate::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
     conv2d_forward,
-    dinput::{conv2d_dinput_into, flipped_filter_target},
+    dinput::{conv2d_dinput_flipped, flipped_filter_target},
     dweight::conv2d_dweight_into,
 };
 use crate::device::Device;
@@ -237,7 +237,7 @@ impl Layer for Conv2d {
             return Ok(None);
         };
         let flipped = target.as_ref().filter(|_| flipped);
-        conv2d_dinput_into(&dy, (&kernel, flipped), dims, &params, &self.plans).map(Some)
+        conv2d_dinput_flipped(&dy, &kernel, flipped, dims, &params, &self.plans).map(Some)
     }
 
     fn trainables(&mut self) -> Vec<Trainable<'_>> {
