@@ -22,7 +22,7 @@ use aether::gpu::DevicePreference;
 use aether::nn::{Conv2d, Layer, Mode};
 use aether::{Device, Tensor};
 use common::conv_reference::{self as reference, norm_rel_error};
-use common::{Rng, report};
+use common::{Rng, f32_bits, report};
 
 const F32_BOUND: f64 = 1e-5;
 const F16_BOUND: f64 = 5e-3;
@@ -403,15 +403,8 @@ test_device!(
                     &plans,
                 )
                 .unwrap();
-                let bits = |t: &Tensor| {
-                    t.to_vec_f32()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect::<Vec<_>>()
-                };
                 assert!(
-                    bits(&again) == bits(&dx),
+                    f32_bits(&again) == f32_bits(&dx),
                     "dinput {ctx}: the flipped filter's result differs"
                 );
             }
@@ -431,21 +424,14 @@ test_device!(
         for (variant, plans, _) in variants(device) {
             let (dw1, db1) = conv2d_dweight(&x, &dy, &params, &plans).unwrap();
             let (dw2, db2) = conv2d_dweight(&x, &dy, &params, &plans).unwrap();
-            let bits = |t: &Tensor| {
-                t.to_vec_f32()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.to_bits())
-                    .collect::<Vec<_>>()
-            };
             assert_eq!(
-                bits(&dw1),
-                bits(&dw2),
+                f32_bits(&dw1),
+                f32_bits(&dw2),
                 "dW differs between runs [{variant}]"
             );
             assert_eq!(
-                bits(&db1),
-                bits(&db2),
+                f32_bits(&db1),
+                f32_bits(&db2),
                 "dbias differs between runs [{variant}]"
             );
             if device.gpu_context().is_some() {

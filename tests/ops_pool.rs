@@ -11,7 +11,7 @@ use aether::ops::pool::{
     max_pool2d_dropout_backward,
 };
 use aether::{AetherError, DType, Device, Tensor};
-use common::Rng;
+use common::{Rng, f32_bits};
 
 /// Norm-relative error bound for f32 results against the f64 references.
 const F32_BOUND: f64 = 1e-5;
@@ -544,16 +544,9 @@ fn max_pool_gpu_is_bit_identical_to_cpu() {
             "{name}: argmax (seed {})",
             rng.seed
         );
-        let bits = |t: &Tensor| {
-            t.to_vec_f32()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
         assert_eq!(
-            bits(&gpu_y),
-            bits(&cpu_y),
+            f32_bits(&gpu_y),
+            f32_bits(&cpu_y),
             "{name}: output bits (seed {})",
             rng.seed
         );

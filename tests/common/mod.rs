@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use aether::gpu::{DevicePreference, GpuOptions};
 use aether::model::{Loss, Metric};
 use aether::optim::Adam;
-use aether::{Device, Model};
+use aether::{Device, Model, Tensor};
 
 /// `model` ready to train: plain softmax cross-entropy and Adam (lr 1e-3), on
 /// `device`, finalized for the per-sample `input` shape.
@@ -159,4 +159,14 @@ impl Rng {
     pub fn vec(&mut self, len: usize) -> Vec<f32> {
         (0..len).map(|_| self.uniform()).collect()
     }
+}
+
+/// `t`'s f32 values as their bits, for comparisons that must be bit-exact
+/// (NaN payloads and signed zeros included).
+pub fn f32_bits(t: &Tensor) -> Vec<u32> {
+    t.to_vec_f32()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_bits())
+        .collect()
 }
