@@ -198,7 +198,9 @@ fn cases(turns_images: usize) -> Vec<Case> {
         // Outputs narrower than a tile in whole stacks of a tile's images:
         // the forward's halo kernel stacks them (a position tile is one
         // position of each image; blocks of 2 rows at tile 8, 4 at 16), 4
-        // channel chunks at tile 8 and 2 blocks of channels; dinput declines.
+        // channel chunks at tile 8 and 2 blocks of channels; dinput's
+        // transposed conv (64 -> 32) stacks too, in blocks of 2 channel tiles
+        // with all 9 taps a step.
         Case {
             name: "3x3 same, 4 wide, 16 images, stacked halo kernel",
             input: [16, 4, 4, 32],
@@ -382,6 +384,12 @@ test_device!(
                 if case.name.contains("dinput") && case.name.contains("overlapping") && coop {
                     let overlapping = ran(ConvDirection::DInput, overlaps);
                     assert!(overlapping, "dinput {ctx}: no overlapping tiles");
+                }
+                if case.name.contains("stacked") && coop {
+                    let stacked = ran(ConvDirection::DInput, |_, p| {
+                        p.halo.is_some_and(|b| b.images > 1 && b.taps_per_step == 9)
+                    });
+                    assert!(stacked, "dinput {ctx}: no stacked position tiles");
                 }
                 if case.name.contains("taking turns") && coop && turns.is_some() {
                     let took_turns = ran(ConvDirection::DInput, takes_turns);

@@ -100,7 +100,7 @@ pub(crate) fn with_dinput_halo(
     let Some(t) = transposed(meta) else {
         return gemm;
     };
-    let halo = gemm.with_halo(&t, ctx.caps(), Narrow::Decline);
+    let halo = gemm.with_halo(&t, ctx.caps(), Narrow::DINPUT);
     let compiles = || {
         KERNEL.pipeline(ctx, &halo, &t).is_some()
             && ctx

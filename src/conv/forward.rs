@@ -77,7 +77,7 @@ pub fn conv2d_forward(
             )?;
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.
-            let halo = gemm.with_halo(&meta, ctx.caps(), Narrow::Stack);
+            let halo = gemm.with_halo(&meta, ctx.caps(), Narrow::FORWARD);
             let compiles = || {
                 KERNEL
                     .pipeline_for_inputs(ctx, &halo, &meta, &x_f32)

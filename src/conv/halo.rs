@@ -26,8 +26,8 @@ pub const GROUPS_ENV: &str = "AETHER_HALO_GROUPS";
 /// in each position tile, one output position of each (the halo staged
 /// image by image at each pixel), wherever a block of whole output rows
 /// fits; `0` takes a tile of consecutive positions of one image; unset, the
-/// rule: stacked for forwards whose outputs are narrower than a tile
-/// ([`Narrow::Stack`]), else not.
+/// rule: stacked for outputs narrower than a tile (the block of
+/// [`Narrow`]), else not.
 pub const STACK_ENV: &str = "AETHER_HALO_STACK";
 
 /// Environment variable for tuning: `1` stages every step's taps in one
@@ -38,22 +38,46 @@ pub const STACK_ENV: &str = "AETHER_HALO_STACK";
 /// 16 x 16 convs' blocks leave no room for a second buffer.
 pub const TAP_BUFFERS_ENV: &str = "AETHER_HALO_TAP_BUFFERS";
 
-/// What a halo kernel does with outputs narrower than a tile.
+/// The rule's block for outputs narrower than a tile, where position tiles
+/// stack the tile's count of images (one output position of each) and a
+/// block is a tile's positions: its channel tiles, taps a step, subgroups and
+/// columns of subgroups, one tile of input channels a stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Narrow {
-    /// Position tiles stack the tile's count of images, one output position
-    /// of each: the forward's rule. On an H100 (docs/perf-notes.md, entry
-    /// 82) the v1 model's 8x8x64->128 forward took 22.2 us in the rule's
-    /// blocks against the GEMM core's 24.7: they stage 2.5 input pixels per
-    /// output, where the core's im2col stages 9.
-    Stack,
-    /// The GEMM core runs: dinput's transposed conv on the same layer took
-    /// 35.7-62.6 us in the stacked blocks that fit, against the core's
-    /// 33.6-33.9 (entry 82), and 35.0-51.0 against 33.3 without naga's index
-    /// clamping and with two tap buffers (entry 83). Those criterion times
-    /// include a filter flip the step does not run; back to back, blocks of 2
-    /// channel tiles win (entry 86, not yet the rule).
-    Decline,
+pub struct Narrow {
+    channel_tiles: u32,
+    /// Every filter tap in one step, else [`TAPS`] (or a filter row).
+    all_taps: bool,
+    subgroups: u32,
+    columns: u32,
+}
+
+impl Narrow {
+    /// The forward's: 4 channel tiles over 8 x 2 subgroups, 3 taps a
+    /// step (37.6 KiB at tile 16; 32 channels a stage would take 53, and so
+    /// would 32 positions). On an H100 (docs/perf-notes.md, entry 82) the v1
+    /// model's 8x8x64->128 forward took 22.2 us against the GEMM core's 24.7:
+    /// the block stages 2.5 input pixels per output, where the core's im2col
+    /// stages 9; 20 other blocks (8 positions, 2 or 8 channel tiles, 1 or 9
+    /// taps, 8 or 32 subgroups, 1 or 4 columns) were 9-219% slower.
+    pub const FORWARD: Self = Self {
+        channel_tiles: 4,
+        all_taps: false,
+        subgroups: 16,
+        columns: 2,
+    };
+    /// dinput's transposed conv (more input channels than output ones on the
+    /// v1 model's 8x8x64->128 layer): 2 channel tiles over 8 subgroups, all 9
+    /// taps a step (41.3 KiB at tile 16), so twice the workgroups of 4-tile
+    /// blocks. On an H100 (entry 86) that backward took 0.0540-0.0550 ms back
+    /// to back against the GEMM core's 0.0593-0.0608; 16 or 4 subgroups, 2
+    /// columns, 3 taps a step and 1 channel tile were slower. (Criterion's
+    /// dinput, which flips the filter itself, has the core ahead.)
+    pub const DINPUT: Self = Self {
+        channel_tiles: 2,
+        all_taps: true,
+        subgroups: 8,
+        columns: 1,
+    };
 }
 
 /// Workgroups per compute unit the halo kernels launch at most, where the
@@ -79,14 +103,6 @@ pub const GROUPS_PER_UNIT: u32 = 2;
 const RULE_BLOCKS: [(usize, u32, u32, u32); 3] = [(256, 4, 16, 2), (256, 2, 16, 2), (128, 2, 8, 1)];
 /// Input channels a block stages at a time where the input has more.
 const CHANNEL_CHUNK: usize = 32;
-/// The block of stacked position tiles: a tile's positions (2 rows of the v1
-/// model's 8-wide output) by 4 channel tiles over 8 x 2 subgroups, [`TAPS`]
-/// taps a step like the other rule blocks, a tile of input channels a stage
-/// (37.6 KiB at tile 16; 32 channels would take 53, and so would 32
-/// positions): (channel tiles, subgroups, columns). Swept on an H100 (entry
-/// 82, 20 other blocks): 8 positions, 2 or 8 channel tiles, 1 or 9 taps, 8 or
-/// 32 subgroups, 1 or 4 columns were 9-219% slower.
-const STACKED_RULE: (u32, u32, u32) = (4, 16, 2);
 /// Filter taps one step stages, where the filter has that many; else one
 /// filter row.
 const TAPS: usize = 3;
@@ -102,25 +118,25 @@ const RULE_BYTES: usize = 42 * 1024;
 type BlockSize = (usize, u32, u32, u32, u32, Option<usize>);
 
 /// The block sizes to try for a filter of `taps` taps in rows of `row`, at
-/// `tile` with position tiles of `images` images: the tuning override, or
-/// the rule's, in order.
+/// `tile` with position tiles of `images` images (`narrow`'s block where
+/// they stack): the tuning override, or the rule's, in order.
 fn block_sizes(
     taps: usize,
     row: usize,
     tile: u32,
     images: u32,
+    narrow: Narrow,
 ) -> std::result::Result<Vec<BlockSize>, String> {
     let Ok(text) = std::env::var(HALO_ENV) else {
         let step = if taps.is_multiple_of(TAPS) { TAPS } else { row } as u32;
         if images > 1 {
-            let (tiles, subgroups, columns) = STACKED_RULE;
             let positions = tile as usize;
             return Ok(vec![(
                 positions,
-                tiles,
-                step,
-                subgroups,
-                columns,
+                narrow.channel_tiles,
+                if narrow.all_taps { taps as u32 } else { step },
+                narrow.subgroups,
+                narrow.columns,
                 Some(positions),
             )]);
         }
@@ -201,15 +217,11 @@ fn group_bounds(caps: &GpuCapabilities) -> [u32; 2] {
 }
 
 /// Images a position tile stacks at `tile` for `meta`: the tile where the
-/// tuning override says `1`, 1 where it says `0`; unset, the tile for a
-/// narrow output where `narrow` stacks, else 1.
-fn stacked_images(
-    tile: u32,
-    meta: &ConvShapeMeta,
-    narrow: Narrow,
-) -> std::result::Result<u32, String> {
+/// tuning override says `1`, 1 where it says `0`; unset, the tile for an
+/// output narrower than a tile, else 1.
+fn stacked_images(tile: u32, meta: &ConvShapeMeta) -> std::result::Result<u32, String> {
     match std::env::var(STACK_ENV).as_deref().map(str::trim) {
-        Err(_) if narrow == Narrow::Stack && meta.w_out < tile as usize => Ok(tile),
+        Err(_) if meta.w_out < tile as usize => Ok(tile),
         Err(_) | Ok("0") => Ok(1),
         Ok("1") => Ok(tile),
         Ok(text) => Err(turns_halo_off(STACK_ENV, text, "neither 0 nor 1")),
@@ -443,9 +455,9 @@ impl HaloBlock {
         caps: &GpuCapabilities,
         narrow: Narrow,
     ) -> std::result::Result<Self, String> {
-        let images = stacked_images(tile, meta, narrow)?;
+        let images = stacked_images(tile, meta)?;
         let mut declined = Vec::new();
-        for size in block_sizes(meta.r * meta.s, meta.s, tile, images)? {
+        for size in block_sizes(meta.r * meta.s, meta.s, tile, images, narrow)? {
             match Self::fit_size(tile, meta, caps, images, size) {
                 Ok(block) => return Ok(block),
                 Err(why) => declined.push(why),
@@ -773,7 +785,7 @@ pub(crate) mod tests {
         let large = meta([256, 56, 56, 64], 64);
         let conv3 = meta([256, 16, 16, 32], 64);
         // An unknown discrete adapter: one workgroup per block.
-        let block = HaloBlock::fit(16, &large, &caps(), Narrow::Stack).unwrap();
+        let block = HaloBlock::fit(16, &large, &caps(), Narrow::FORWARD).unwrap();
         assert_eq!(block.grid(&large), [block.blocks(&large), 1, 1]);
         // An H200's 132 units: 2 workgroups each over the large shape's
         // 3584 blocks; over the v1 32 -> 64 conv's 256 blocks one each, so
@@ -782,12 +794,12 @@ pub(crate) mod tests {
             adapter_name: "NVIDIA H200".into(),
             ..caps()
         };
-        let block = HaloBlock::fit(16, &large, &h200, Narrow::Stack).unwrap();
+        let block = HaloBlock::fit(16, &large, &h200, Narrow::FORWARD).unwrap();
         assert_eq!(
             (block.blocks(&large), block.grid(&large)),
             (3584, [264, 1, 1])
         );
-        let block = HaloBlock::fit(16, &conv3, &h200, Narrow::Stack).unwrap();
+        let block = HaloBlock::fit(16, &conv3, &h200, Narrow::FORWARD).unwrap();
         assert_eq!(
             (block.blocks(&conv3), block.grid(&conv3)),
             (256, [132, 1, 1])
@@ -803,7 +815,7 @@ pub(crate) mod tests {
         };
         let caps = caps();
         let conv2 = meta([256, 32, 32, 32], 32);
-        let block = HaloBlock::fit(16, &conv2, &caps, Narrow::Stack).unwrap();
+        let block = HaloBlock::fit(16, &conv2, &caps, Narrow::FORWARD).unwrap();
         assert_eq!((block.rows, block.cols, block.position_tiles), (8, 32, 2));
         assert_eq!((block.subgroups, block.channel_tiles), ([8, 2], 1));
         // 10 x 34 pixels of 40 halves, two buffers of 3 x 32 tap rows of 40
@@ -815,7 +827,7 @@ pub(crate) mod tests {
         // channels: 18 x 18 pixels of 40 halves, 3 x 32 tap rows of 72 (a
         // second buffer of taps would pass 48 KiB).
         let conv3 = meta([256, 16, 16, 32], 64);
-        let block = HaloBlock::fit(16, &conv3, &caps, Narrow::Stack).unwrap();
+        let block = HaloBlock::fit(16, &conv3, &caps, Narrow::FORWARD).unwrap();
         assert_eq!((block.rows, block.cols, block.subgroups), (16, 16, [8, 2]));
         assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
         assert_eq!(block.tap_buffers, 1);
@@ -823,32 +835,32 @@ pub(crate) mod tests {
         assert_eq!(block.grid(&conv3), [256, 1, 1]);
         // 64 -> 64 stages 32 input channels at a time: the same sizes.
         let conv4 = meta([256, 16, 16, 64], 64);
-        let block = HaloBlock::fit(16, &conv4, &caps, Narrow::Stack).unwrap();
+        let block = HaloBlock::fit(16, &conv4, &caps, Narrow::FORWARD).unwrap();
         assert_eq!(block.halo, [32, 18, 18]);
         assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
         // Where the adapter has less workgroup memory, the last rule block.
         let mut small = caps.clone();
         small.limits.max_compute_workgroup_storage_size = 32 * 1024;
-        let block = HaloBlock::fit(16, &conv4, &small, Narrow::Stack).unwrap();
+        let block = HaloBlock::fit(16, &conv4, &small, Narrow::FORWARD).unwrap();
         assert_eq!((block.rows, block.cols, block.channel_tiles), (8, 16, 2));
         assert_eq!(block.workgroup_bytes(), (10 * 18 * 40 + 2 * 96 * 40) * 2);
         // The large bench shape, 56 wide: 4 whole rows a block, tiles from
         // columns 0, 16, 32 and 40; 6 x 58 pixels of 40 halves.
         let large = meta([256, 56, 56, 64], 64);
-        let block = HaloBlock::fit(16, &large, &caps, Narrow::Stack).unwrap();
+        let block = HaloBlock::fit(16, &large, &caps, Narrow::FORWARD).unwrap();
         assert_eq!((block.rows, block.cols, block.tiles_w()), (4, 56, 4));
         assert_eq!(block.workgroup_bytes(), (6 * 58 * 40 + 96 * 72) * 2);
         assert_eq!(block.grid(&large), [256 * 14, 1, 1]);
         // A 1x1 conv shares no taps: the GEMM core runs it.
         let pointwise = ConvShapeMeta::new([1, 64, 64, 64], &ConvParams::new(64, 1, Padding::Same));
-        assert!(HaloBlock::fit(16, &pointwise.unwrap(), &caps, Narrow::Stack).is_err());
+        assert!(HaloBlock::fit(16, &pointwise.unwrap(), &caps, Narrow::FORWARD).is_err());
         // 8 x 8 outputs are narrower than a tile: the forward stacks 16
         // images a tile, 2 rows a block; 4 x 10 pixels of 16 images of 24
         // halves, two buffers of 3 x 16 tap rows of 72; 16 image stacks of 4
-        // blocks by 2 of channels. dinput declines them, and so does a batch
-        // of no whole stacks. Stride 2 has no halo.
+        // blocks by 2 of channels. A batch of no whole stacks declines them.
+        // Stride 2 has no halo.
         let conv5 = meta([256, 8, 8, 64], 128);
-        let block = HaloBlock::fit(16, &conv5, &caps, Narrow::Stack).unwrap();
+        let block = HaloBlock::fit(16, &conv5, &caps, Narrow::FORWARD).unwrap();
         assert_eq!((block.images, block.rows, block.cols), (16, 2, 8));
         assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
         assert_eq!((block.halo, block.tiles_w()), ([16, 4, 10], 8));
@@ -857,14 +869,27 @@ pub(crate) mod tests {
             (4 * 10 * 16 * 24 + 2 * 48 * 72) * 2
         );
         assert_eq!(block.grid(&conv5), [64, 2, 1]);
-        assert!(HaloBlock::fit(16, &conv5, &caps, Narrow::Decline).is_err());
+        // dinput's transposed conv (128 channels in, 64 out) stacks too, in
+        // blocks of 2 channel tiles over 8 subgroups with all 9 taps a step:
+        // the same pixels, one buffer of 9 x 16 tap rows of 40 halves.
+        let t = super::super::dinput_halo::transposed(&conv5).unwrap();
+        let block = HaloBlock::fit(16, &t, &caps, Narrow::DINPUT).unwrap();
+        assert_eq!((block.images, block.rows, block.cols), (16, 2, 8));
+        assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
+        assert_eq!((block.taps_per_step, block.subgroups), (9, [8, 1]));
+        assert_eq!(block.tap_buffers, 1);
+        assert_eq!(
+            block.workgroup_bytes(),
+            (4 * 10 * 16 * 24 + 9 * 16 * 40) * 2
+        );
+        assert_eq!(block.grid(&t), [64, 2, 1]);
         let ragged = meta([100, 8, 8, 64], 128);
-        assert!(HaloBlock::fit(16, &ragged, &caps, Narrow::Stack).is_err());
+        assert!(HaloBlock::fit(16, &ragged, &caps, Narrow::FORWARD).is_err());
         let strided = ConvParams {
             stride: (2, 2),
             ..ConvParams::new(32, 3, Padding::Same)
         };
         let strided = ConvShapeMeta::new([2, 32, 32, 32], &strided).unwrap();
-        assert!(HaloBlock::fit(16, &strided, &caps, Narrow::Stack).is_err());
+        assert!(HaloBlock::fit(16, &strided, &caps, Narrow::FORWARD).is_err());
     }
 }
