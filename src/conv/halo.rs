@@ -68,10 +68,11 @@ impl Narrow {
     /// dinput's transposed conv (more input channels than output ones on the
     /// v1 model's 8x8x64->128 layer): 2 channel tiles over 8 subgroups, all 9
     /// taps a step (41.3 KiB at tile 16), so twice the workgroups of 4-tile
-    /// blocks. On an H100 (entry 86) that backward took 0.0540-0.0550 ms back
-    /// to back against the GEMM core's 0.0593-0.0608; 16 or 4 subgroups, 2
-    /// columns, 3 taps a step and 1 channel tile were slower. (Criterion's
-    /// dinput, which flips the filter itself, has the core ahead.)
+    /// blocks. On an H100 (entry 86) that backward took 0.0540-0.0559 ms back
+    /// to back against the GEMM core's 0.0593-0.0608 (runs J8-M8); 16 or 4
+    /// subgroups, 2 columns, 3 taps a step and 1 channel tile were slower.
+    /// (Criterion had the core ahead while its dinput flipped the filter in
+    /// a dispatch of its own, which the step leaves to dweight's reduce.)
     pub const DINPUT: Self = Self {
         channel_tiles: 2,
         all_taps: true,
