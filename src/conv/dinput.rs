@@ -71,7 +71,7 @@ pub(crate) fn flipped_filter_target(
     let Some(ctx) = dy.gpu_context() else {
         return Ok(None);
     };
-    if w.dtype() != DType::F16 || plan(ctx, &meta, w, plans)?.halo.is_none() {
+    if w.dtype() != DType::F16 || halo_plan(ctx, &meta, w, plans)?.is_none() {
         return Ok(None);
     }
     let dims = dinput_halo::flipped_dims(&meta);
@@ -103,6 +103,18 @@ fn plan(
     })
 }
 
+/// dinput's plan for `meta` where it runs the halo kernel, the one that reads
+/// a flipped filter; else `None`.
+fn halo_plan(
+    ctx: &Arc<GpuContext>,
+    meta: &ConvShapeMeta,
+    w: &Tensor,
+    plans: &ConvPlans,
+) -> Result<Option<ConvLaunchPlan>> {
+    let plan = plan(ctx, meta, w, plans)?;
+    Ok(plan.halo.is_some().then_some(plan))
+}
+
 /// The flipped filter dinput's halo kernel reads (`[R, S, C_out, C_in]`, f16),
 /// made from the weights `w` now, where dinput's plan for this shape runs that
 /// kernel; else `None`. [`conv2d_dinput`] flips the filter in a dispatch of its
@@ -120,10 +132,9 @@ pub fn dinput_flipped_filter(
     let Some(ctx) = w.gpu_context() else {
         return Ok(None);
     };
-    let plan = plan(ctx, &meta, w, plans)?;
-    if plan.halo.is_none() {
+    let Some(plan) = halo_plan(ctx, &meta, w, plans)? else {
         return Ok(None);
-    }
+    };
     let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant, false)?;
     dinput_halo::flip_filter(ctx, &w_op, &meta).map(Some)
 }
