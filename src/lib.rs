@@ -13,6 +13,7 @@ pub mod device;
 pub mod diagnostics;
 pub mod error;
 pub mod gpu;
+pub mod graph;
 pub mod io;
 pub mod model;
 pub mod nn;
@@ -24,5 +25,6 @@ pub mod zoo;
 
 pub use device::Device;
 pub use error::{AetherError, Result};
-pub use model::{Checkpoint, History, Loss, Metric, Model, TrainOptions};
+pub use graph::{Graph, NodeId};
+pub use model::{Checkpoint, Gradients, History, Loss, Metric, Model, TrainOptions};
 pub use tensor::{DType, Shape, Tensor};

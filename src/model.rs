@@ -1,5 +1,6 @@
-//! A sequential `Model`: build with `add`, `configure`, `finalize`, then
-//! `train`, `evaluate`, `predict`, `save` and `load`.
+//! A `Model`: a plain stack of layers built with `add`, or a graph of them
+//! ([`crate::Graph`]); then `configure`, `finalize`, `train`, `evaluate`,
+//! `predict`, `save` and `load`.
 //!
 //! A training step uploads one batch, records every layer's forward and
 //! backward kernels, the loss and the fused optimizer update into the pending
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::conv::PlannedLaunch;
 use crate::device::Device;
 use crate::error::{AetherError, Result, check_hyperparameter};
+use crate::graph::{self, Graph, NodeId};
 use crate::nn::{Layer, LayerSpec, Mode};
 use crate::ops::loss::{
     correct_count, cross_entropy, softmax, softmax_cross_entropy,
@@ -100,20 +102,43 @@ pub struct History {
     pub epochs: Vec<EpochStats>,
 }
 
+/// What [`Model::gradients`] computed on one batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gradients {
+    /// The batch's mean loss.
+    pub loss: f32,
+    /// Each trainable parameter's gradient, named as in a model file.
+    pub tensors: Vec<(String, Vec<f32>)>,
+}
+
 /// The architecture, as saved in a model file's metadata.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct Architecture {
     format: String,
     input_shape: Vec<usize>,
     layers: Vec<LayerSpec>,
+    /// Each layer's inputs, in graph models only (format v2); a file without
+    /// them is a plain stack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    inputs: Option<Vec<Vec<NodeId>>>,
     loss: Option<Loss>,
 }
 
+/// Plain stacks keep the first format, so files they write still load in
+/// older versions; graphs need the second, which older versions refuse.
 const FORMAT: &str = "aether-model-v1";
+const GRAPH_FORMAT: &str = "aether-model-v2";
 const METADATA_KEY: &str = "aether_architecture";
 
 pub struct Model {
     layers: Vec<Box<dyn Layer>>,
+    /// Per layer: where its inputs come from (in a plain stack, the layer
+    /// before; the first takes the model's input).
+    inputs: Vec<Vec<NodeId>>,
+    /// Per layer, from `finalize`: the running layers that read its output
+    /// (through folded layers), with multiplicity; and those reading the input.
+    readers: Vec<Vec<usize>>,
+    input_readers: Vec<usize>,
     loss: Option<Loss>,
     optimizer: Option<Adam>,
     device: Device,
@@ -213,6 +238,9 @@ impl Model {
     pub fn new() -> Self {
         Self {
             layers: Vec::new(),
+            inputs: Vec::new(),
+            readers: Vec::new(),
+            input_readers: Vec::new(),
             loss: None,
             optimizer: None,
             device: Device::Cpu,
@@ -273,10 +301,27 @@ impl Model {
     /// unfinalized (training, prediction and `save` then ask for `finalize`,
     /// which builds every layer afresh): the new layer has no weights yet.
     pub fn add(&mut self, layer: impl Layer + 'static) -> &mut Self {
+        self.inputs.push(graph::stacked(self.layers.len()));
         self.layers.push(Box::new(layer));
         self.input_shape = None;
         self.output_shapes.clear();
         self
+    }
+
+    /// A model (on the CPU, seed 0) running `graph`, whose output is the last
+    /// layer added. The graph is checked at `finalize`: a layer that takes a
+    /// later layer's output (a cycle), a missing layer or a layer whose output
+    /// nothing uses is an error naming it.
+    pub fn from_graph(graph: Graph) -> Self {
+        let mut model = Self::new();
+        model.layers = graph.layers;
+        model.inputs = graph.inputs;
+        model
+    }
+
+    /// Where layer `index` takes its inputs from.
+    pub fn layer_inputs(&self, index: usize) -> Option<&[NodeId]> {
+        self.inputs.get(index).map(Vec::as_slice)
     }
 
     pub fn configure(&mut self, loss: Loss, optimizer: Adam, _metric: Metric) -> &mut Self {
@@ -340,25 +385,36 @@ impl Model {
                 last.spec()
             )));
         }
+        let kinds: Vec<&'static str> = self.layers.iter().map(|l| l.spec().kind()).collect();
+        let (consumers, _) = graph::consumers(&self.inputs, &kinds)?;
         // The layers build afresh: until every one has, the model is not
         // finalized (a failed build leaves nothing half-built usable), their
         // gradients have no destination and the optimizer no moments.
         self.input_shape = None;
         self.output_shapes.clear();
         self.forget_optimizer_state();
-        let mut shape = input_shape.to_vec();
-        let mut output_shapes = Vec::with_capacity(self.layers.len());
+        let mut output_shapes: Vec<Vec<usize>> = Vec::with_capacity(self.layers.len());
         let mut state_values = 0usize;
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let seed = layer_seed(self.seed, i);
             let spec = layer.spec();
-            let in_layer = |e: AetherError| {
-                model_err(format!(
+            let shapes: Vec<&[usize]> = self.inputs[i]
+                .iter()
+                .map(|&source| match source {
+                    NodeId::Input => input_shape,
+                    NodeId::Layer(j) => output_shapes[j].as_slice(),
+                })
+                .collect();
+            let in_layer = |e: AetherError| match shapes.as_slice() {
+                [shape] => model_err(format!(
                     "layer {i} ({spec:?}) with input shape {shape:?}: {e}"
-                ))
+                )),
+                _ => model_err(format!(
+                    "layer {i} ({spec:?}) with input shapes {shapes:?}: {e}"
+                )),
             };
             if let Some(budget) = state_budget {
-                let values = layer.state_values(&shape).map_err(in_layer)?;
+                let values = layer.state_values(shapes[0]).map_err(in_layer)?;
                 state_values = state_values.saturating_add(values);
                 if state_values > budget {
                     return Err(model_err(format!(
@@ -367,52 +423,106 @@ impl Model {
                     )));
                 }
             }
-            shape = layer.build(&shape, seed, &self.device).map_err(in_layer)?;
-            output_shapes.push(shape.clone());
+            let shape = layer
+                .build_inputs(&shapes, seed, &self.device)
+                .map_err(in_layer)?;
+            output_shapes.push(shape);
         }
         self.input_shape = Some(input_shape.to_vec());
         self.output_shapes = output_shapes;
         self.folded = vec![false; self.layers.len()];
+        // A layer folds into the one whose output it alone reads.
+        let sole_reader_of = |i: usize| match self.inputs[i].as_slice() {
+            [NodeId::Layer(j)] if consumers[*j] == [i] => Some(*j),
+            _ => None,
+        };
         if self.fuse_relu {
-            for i in 1..self.layers.len() {
-                if self.layers[i].spec() == LayerSpec::ReLU
-                    && !self.folded[i - 1]
-                    && self.layers[i - 1].fuse_relu()
+            for i in 0..self.layers.len() {
+                if let Some(j) = sole_reader_of(i)
+                    && self.layers[i].spec() == LayerSpec::ReLU
+                    && !self.folded[j]
+                    && self.layers[j].fuse_relu()
                 {
                     self.folded[i] = true;
                 }
             }
         }
         if self.fuse_dropout {
-            for i in 1..self.layers.len() {
-                if let LayerSpec::SpatialDropout { rate } = self.layers[i].spec()
-                    && !self.folded[i - 1]
-                    && self.layers[i - 1].fuse_spatial_dropout(rate, layer_seed(self.seed, i))
+            for i in 0..self.layers.len() {
+                if let Some(j) = sole_reader_of(i)
+                    && let LayerSpec::SpatialDropout { rate } = self.layers[i].spec()
+                    && !self.folded[j]
+                    && self.layers[j].fuse_spatial_dropout(rate, layer_seed(self.seed, i))
                 {
                     self.folded[i] = true;
                 }
             }
         }
+        self.plan_readers();
         self.plan_f16_outputs();
         Ok(())
+    }
+
+    /// The layer that computes `source`'s value: a folded layer's value is
+    /// the one of the layer it runs inside.
+    fn resolve(&self, mut source: NodeId) -> NodeId {
+        while let NodeId::Layer(j) = source
+            && self.is_folded(j)
+        {
+            source = self.inputs[j][0];
+        }
+        source
+    }
+
+    /// Where running layer `i` reads its inputs.
+    fn sources(&self, i: usize) -> Vec<NodeId> {
+        self.inputs[i].iter().map(|&s| self.resolve(s)).collect()
+    }
+
+    /// Who reads each running layer's output, and the input.
+    fn plan_readers(&mut self) {
+        let n = self.layers.len();
+        let mut readers = vec![Vec::new(); n];
+        let mut input_readers = Vec::new();
+        for i in (0..n).filter(|&i| !self.is_folded(i)) {
+            for source in self.sources(i) {
+                match source {
+                    NodeId::Input => input_readers.push(i),
+                    NodeId::Layer(j) => readers[j].push(i),
+                }
+            }
+        }
+        (self.readers, self.input_readers) = (readers, input_readers);
     }
 
     /// Tells each layer whether the next one that runs rounds its input to
     /// f16, and whether the one before rounds its output gradient to f16, on
     /// the model's device (see [`Model::f16_activations`]).
+    ///
+    /// In a graph, an output goes as f16 only where every layer reading it
+    /// rounds it so; a gradient only where its one input feeds this layer
+    /// alone (gradients summed from several readers stay f32).
     fn plan_f16_outputs(&mut self) {
         let n = self.layers.len();
         self.f16_outputs = vec![false; n];
         self.f16_input_grads = vec![false; n];
         let device = &self.device;
-        let running: Vec<usize> = (0..n).filter(|&i| !self.is_folded(i)).collect();
         let on = self.f16_activations;
-        for (k, &i) in running.iter().enumerate() {
-            let (before, after) = (k.checked_sub(1).map(|k| running[k]), running.get(k + 1));
-            let rounds_output =
-                on && after.is_some_and(|&j| self.layers[j].rounds_input_to_f16(device));
-            let rounds_grad =
-                on && before.is_some_and(|j| self.layers[j].rounds_output_grad_to_f16(device));
+        let running: Vec<usize> = (0..n).filter(|&i| !self.is_folded(i)).collect();
+        for i in running {
+            let readers = &self.readers[i];
+            let rounds_output = on
+                && !readers.is_empty()
+                && readers
+                    .iter()
+                    .all(|&r| self.layers[r].rounds_input_to_f16(device));
+            let rounds_grad = on
+                && match self.sources(i).as_slice() {
+                    [NodeId::Layer(p)] => {
+                        self.readers[*p] == [i] && self.layers[*p].rounds_output_grad_to_f16(device)
+                    }
+                    _ => false,
+                };
             self.f16_outputs[i] = self.layers[i].output_rounded_to_f16(rounds_output);
             self.f16_input_grads[i] = self.layers[i].input_grad_rounded_to_f16(rounds_grad);
         }
@@ -531,16 +641,72 @@ impl Model {
         Tensor::from_f32_rows(dims, x, indices, self.input_dtype(), &self.device)
     }
 
+    /// Runs every layer in order; each output is dropped once its last
+    /// reader has run, so its buffer returns to the pool.
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        let mut h = x.clone();
-        for i in 0..self.layers.len() {
+        let n = self.layers.len();
+        let mut values: Vec<Option<Tensor>> = vec![None; n];
+        for i in 0..n {
             if self.is_folded(i) {
                 continue;
             }
             self.timing_scope(|| format!("{i} {} forward", self.layers[i].spec().kind()));
-            h = self.layers[i].forward(&h, mode)?;
+            let sources = self.sources(i);
+            let inputs: Vec<&Tensor> = sources
+                .iter()
+                .map(|&s| match s {
+                    NodeId::Input => Ok(x),
+                    NodeId::Layer(j) => values[j]
+                        .as_ref()
+                        .ok_or_else(|| model_err(format!("layer {j}'s output was dropped early"))),
+                })
+                .collect::<Result<_>>()?;
+            let y = self.layers[i].forward_inputs(&inputs, mode)?;
+            values[i] = Some(y);
+            for source in sources {
+                if let NodeId::Layer(j) = source
+                    && self.readers[j].last() == Some(&i)
+                {
+                    values[j] = None;
+                }
+            }
         }
-        Ok(h)
+        match self.resolve(NodeId::Layer(n.saturating_sub(1))) {
+            NodeId::Layer(out) if n > 0 => values[out]
+                .take()
+                .ok_or_else(|| model_err("the output layer ran no forward")),
+            _ => Ok(x.clone()),
+        }
+    }
+
+    /// Runs every layer's backward in reverse order from `grad`, the loss's
+    /// gradient; where an output feeds several layers their gradients are
+    /// summed.
+    fn backward(&mut self, grad: Tensor) -> Result<()> {
+        let n = self.layers.len();
+        let mut grads: Vec<Option<Tensor>> = vec![None; n];
+        match self.resolve(NodeId::Layer(n.saturating_sub(1))) {
+            NodeId::Layer(out) if n > 0 => grads[out] = Some(grad),
+            _ => return Ok(()),
+        }
+        for i in (0..n).rev() {
+            let Some(dy) = grads[i].take() else {
+                continue;
+            };
+            self.timing_scope(|| format!("{i} {} backward", self.layers[i].spec().kind()));
+            let sources = self.sources(i);
+            let need_dx = sources.iter().any(|s| matches!(s, NodeId::Layer(_)));
+            let dxs = self.layers[i].backward_inputs(&dy, need_dx)?;
+            for (source, dx) in sources.into_iter().zip(dxs) {
+                if let (NodeId::Layer(j), Some(dx)) = (source, dx) {
+                    grads[j] = Some(match grads[j].take() {
+                        Some(sum) => crate::ops::arith::add(&sum, &dx)?,
+                        None => dx,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     fn loss_and_grad(&self, out: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -587,10 +753,11 @@ impl Model {
     /// F32. A batch for [`Model::train_tensors`] made with this type (by
     /// [`Tensor::from_f32_rows`]) trains exactly as [`Model::train_batch`] would.
     pub fn input_dtype(&self) -> DType {
-        let rounds = self
-            .layers
-            .first()
-            .is_some_and(|l| l.rounds_input_to_f16(&self.device));
+        let rounds = !self.input_readers.is_empty()
+            && self
+                .input_readers
+                .iter()
+                .all(|&r| self.layers[r].rounds_input_to_f16(&self.device));
         if rounds { DType::F16 } else { DType::F32 }
     }
 
@@ -616,6 +783,53 @@ impl Model {
         self.train_step(x, labels)
     }
 
+    /// The mean loss on one batch of host data and the gradient of every
+    /// trainable parameter, named as in a model file (`layers.{i}.{name}`),
+    /// without an optimizer step: for inspecting or checking gradients. The
+    /// forward pass trains as a step's does (BatchNorm normalises by the
+    /// batch's statistics and takes them into its running ones; dropout draws
+    /// the next step's masks).
+    pub fn gradients(&mut self, x: &[f32], y: &[u32]) -> Result<Gradients> {
+        let n = self.sample_count(x, Some(y))?;
+        self.check_batch(n)?;
+        let indices: Vec<usize> = (0..n).collect();
+        let xb = self.batch_tensor(x, &indices)?;
+        let yb = Tensor::from_u32(vec![n], y.to_vec(), &self.device)?;
+        let mode = Mode::Train {
+            seed: self.seed,
+            step: self.step as u32,
+        };
+        let result = self.forward(&xb, mode).and_then(|out| {
+            let (loss, _, grad) = self.loss_grad_and_correct(&out, &yb)?;
+            self.backward(grad)?;
+            let mut named = Vec::new();
+            for (i, layer) in self.layers.iter_mut().enumerate() {
+                // Trainables are state tensors: name each by the state entry it is.
+                let names: Vec<(&'static str, *const Tensor)> = layer
+                    .state()
+                    .into_iter()
+                    .map(|(name, t)| (name, t as *const Tensor))
+                    .collect();
+                for t in layer.trainables() {
+                    let at = &*t.value as *const Tensor;
+                    let name = names
+                        .iter()
+                        .find(|(_, p)| std::ptr::eq(*p, at))
+                        .map_or("?", |(name, _)| name);
+                    named.push((format!("layers.{i}.{name}"), t.grad.to_vec_f32()?));
+                }
+            }
+            Ok(Gradients {
+                loss: loss.to_vec_f32()?[0],
+                tensors: named,
+            })
+        });
+        for layer in &mut self.layers {
+            layer.end_step();
+        }
+        result
+    }
+
     /// One optimizer step on a batch; returns the (GPU-resident) loss and correct count.
     fn train_step(&mut self, x: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
         let mode = Mode::Train {
@@ -624,17 +838,8 @@ impl Model {
         };
         let out = self.forward(x, mode)?;
         self.timing_scope(|| "loss".into());
-        let (loss, correct, mut grad) = self.loss_grad_and_correct(&out, labels)?;
-        for i in (0..self.layers.len()).rev() {
-            if self.is_folded(i) {
-                continue;
-            }
-            self.timing_scope(|| format!("{i} {} backward", self.layers[i].spec().kind()));
-            match self.layers[i].backward(&grad, i > 0)? {
-                Some(dx) => grad = dx,
-                None => break,
-            }
-        }
+        let (loss, correct, grad) = self.loss_grad_and_correct(&out, labels)?;
+        self.backward(grad)?;
         self.timing_scope(|| "optimizer".into());
         let optimizer = self
             .optimizer
@@ -749,10 +954,9 @@ impl Model {
             if !matches!(layer.spec(), LayerSpec::BatchNorm { .. }) {
                 continue;
             }
-            let shape = if i == 0 {
-                input
-            } else {
-                &self.output_shapes[i - 1]
+            let shape = match self.inputs[i][0] {
+                NodeId::Input => input,
+                NodeId::Layer(j) => &self.output_shapes[j],
             };
             let per_sample: usize = shape[..shape.len().saturating_sub(1)].iter().product();
             if batch * per_sample < 2 {
@@ -975,10 +1179,16 @@ impl Model {
     }
 
     fn architecture(&self) -> Result<Architecture> {
+        let format = if graph::is_stack(&self.inputs) {
+            FORMAT
+        } else {
+            GRAPH_FORMAT
+        };
         Ok(Architecture {
-            format: FORMAT.into(),
+            format: format.into(),
             input_shape: self.input_shape()?.to_vec(),
             layers: self.layers.iter().map(|l| l.spec()).collect(),
+            inputs: (!graph::is_stack(&self.inputs)).then(|| self.inputs.clone()),
             loss: self.loss,
         })
     }
@@ -1028,6 +1238,20 @@ impl Model {
         for spec in &arch.layers {
             model.layers.push(spec.instantiate());
         }
+        model.inputs = match &arch.inputs {
+            Some(inputs) if inputs.len() == arch.layers.len() => inputs.clone(),
+            Some(inputs) => {
+                return Err(file_err(
+                    path,
+                    format!(
+                        "inputs for {} layers, but {} layers",
+                        inputs.len(),
+                        arch.layers.len()
+                    ),
+                ));
+            }
+            None => (0..arch.layers.len()).map(graph::stacked).collect(),
+        };
         // Tensor values the file holds (4 bytes each): no layer may allocate
         // more than that, whatever its architecture declares.
         let held = file
@@ -1048,7 +1272,10 @@ impl Model {
         let bytes = read_file(path)?;
         let (arch, file) = parse(path, &bytes)?;
         let mine = self.architecture()?;
-        if arch.layers != mine.layers || arch.input_shape != mine.input_shape {
+        if arch.layers != mine.layers
+            || arch.input_shape != mine.input_shape
+            || arch.inputs != mine.inputs
+        {
             return Err(file_err(
                 path,
                 format!(
@@ -1128,11 +1355,23 @@ fn parse<'b>(path: &Path, bytes: &'b [u8]) -> Result<(Architecture, safetensors:
         })?;
     let arch: Architecture = serde_json::from_str(json)
         .map_err(|e| file_err(path, format!("malformed architecture ({e})")))?;
-    if arch.format != FORMAT {
-        return Err(file_err(
-            path,
-            format!("format {:?}, expected {FORMAT:?}", arch.format),
-        ));
+    match (arch.format.as_str(), &arch.inputs) {
+        (FORMAT, None) | (GRAPH_FORMAT, Some(_)) => {}
+        (FORMAT, Some(_)) => {
+            return Err(file_err(path, format!("a {FORMAT} file with graph inputs")));
+        }
+        (GRAPH_FORMAT, None) => {
+            return Err(file_err(
+                path,
+                format!("a {GRAPH_FORMAT} file without inputs"),
+            ));
+        }
+        (other, _) => {
+            return Err(file_err(
+                path,
+                format!("format {other:?}, expected {FORMAT:?} or {GRAPH_FORMAT:?}"),
+            ));
+        }
     }
     Ok((arch, file))
 }

@@ -1,8 +1,11 @@
 //! Reference models.
 
 use crate::conv::Padding;
+use crate::graph::{Graph, NodeId};
 use crate::model::{Loss, Metric, Model};
-use crate::nn::{BatchNorm, Conv2d, Dense, GlobalAvgPool, MaxPool2d, ReLU, SpatialDropout};
+use crate::nn::{
+    Add, BatchNorm, Conv2d, Dense, Flatten, GlobalAvgPool, MaxPool2d, ReLU, SpatialDropout,
+};
 use crate::optim::Adam;
 
 /// The Aether-ML v1 CIFAR-10 model: five 3x3 'same' convs 3-32-32-64-64-128,
@@ -34,4 +37,79 @@ pub fn cifar10_v1(seed: u64) -> Model {
         Metric::CategoricalAccuracy,
     );
     model
+}
+
+/// The standard CIFAR ResNet-18 (He et al. 2016, as in the common CIFAR
+/// reimplementations): a 3x3 stem of 64 channels, four stages of two basic
+/// blocks of 64, 128, 256 and 512 channels, stages 2-4 starting with a
+/// stride-2 block whose shortcut is a 1x1 stride-2 conv with BatchNorm, then
+/// global average pooling and a dense head of `classes` logits. Every conv is
+/// without bias and followed by BatchNorm (momentum 0.9, epsilon 1e-5,
+/// PyTorch's defaults): 11,173,962 parameters for 10 classes, as PyTorch's.
+/// Configured like [`cifar10_v1`]: label-smoothed (0.05) softmax
+/// cross-entropy and AdamW (lr 1e-3, weight decay 0.01). Call
+/// `finalize(&[32, 32, 3])` afterwards.
+pub fn resnet18_cifar(classes: usize, seed: u64) -> Model {
+    let mut g = Graph::new();
+    let x = g.input();
+    let mut h = conv_bn(&mut g, x, 64, (3, 3), 1);
+    h = g.add(ReLU::default(), &[h]);
+    let mut channels = 64;
+    for (stage, width) in [64, 128, 256, 512].into_iter().enumerate() {
+        for block in 0..2 {
+            let stride = if stage > 0 && block == 0 { 2 } else { 1 };
+            h = basic_block(&mut g, h, channels, width, stride);
+            channels = width;
+        }
+    }
+    let pooled = g.add(GlobalAvgPool::default(), &[h]);
+    let flat = g.add(Flatten::default(), &[pooled]);
+    g.add(Dense::new(classes), &[flat]);
+    let mut model = Model::from_graph(g).seed(seed);
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.05,
+        },
+        Adam::adamw(1e-3, 0.01),
+        Metric::CategoricalAccuracy,
+    );
+    model
+}
+
+/// A conv ('same' padding, so a stride-2 3x3 conv pads one pixel each side as
+/// PyTorch's `padding=1` does) without bias, followed by BatchNorm.
+fn conv_bn(
+    g: &mut Graph,
+    x: NodeId,
+    filters: usize,
+    kernel: (usize, usize),
+    stride: usize,
+) -> NodeId {
+    let padding = if kernel == (1, 1) {
+        Padding::Valid
+    } else {
+        Padding::Same
+    };
+    let conv = g.add(
+        Conv2d::new(filters, kernel, padding)
+            .stride((stride, stride))
+            .bias(false),
+        &[x],
+    );
+    g.add(BatchNorm::new(0.9, 1e-5), &[conv])
+}
+
+/// ResNet's basic block: two 3x3 conv+BN with a ReLU between, plus the
+/// shortcut (the input, or a 1x1 conv+BN where the shape changes), then ReLU.
+fn basic_block(g: &mut Graph, x: NodeId, in_channels: usize, out: usize, stride: usize) -> NodeId {
+    let a = conv_bn(g, x, out, (3, 3), stride);
+    let a = g.add(ReLU::default(), &[a]);
+    let a = conv_bn(g, a, out, (3, 3), 1);
+    let shortcut = if stride != 1 || in_channels != out {
+        conv_bn(g, x, out, (1, 1), stride)
+    } else {
+        x
+    };
+    let sum = g.add(Add::default(), &[a, shortcut]);
+    g.add(ReLU::default(), &[sum])
 }

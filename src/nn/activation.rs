@@ -1,9 +1,14 @@
-//! Activation layers: ReLU, LeakyReLU, Softmax.
+//! Activation layers (ReLU, LeakyReLU, GELU, SiLU, Softmax) and the
+//! elementwise Identity and Scale.
 
 use super::{Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
 use crate::error::{Result, check_hyperparameter};
-use crate::ops::activation::{leaky_relu, leaky_relu_backward, relu_backward};
+use crate::ops::activation::{
+    Smooth, leaky_relu, leaky_relu_backward, relu_backward, smooth_activation,
+    smooth_activation_backward,
+};
+use crate::ops::arith::scale;
 use crate::ops::loss::{softmax, softmax_backward};
 use crate::ops::relu;
 use crate::tensor::Tensor;
@@ -118,5 +123,153 @@ impl Layer for Softmax {
             return Ok(None);
         }
         softmax_backward(cached(&self.output, "Softmax::backward")?, dy).map(Some)
+    }
+}
+
+/// A smooth activation layer over any shape, keeping its input for the backward.
+struct SmoothLayer {
+    kind: Smooth,
+    input: Option<Tensor>,
+}
+
+impl SmoothLayer {
+    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        if matches!(mode, Mode::Train { .. }) {
+            self.input = Some(x.clone());
+        }
+        smooth_activation(x, self.kind)
+    }
+
+    fn backward(
+        &mut self,
+        dy: &Tensor,
+        need_dx: bool,
+        layer: &'static str,
+    ) -> Result<Option<Tensor>> {
+        if !need_dx {
+            return Ok(None);
+        }
+        smooth_activation_backward(cached(&self.input, layer)?, dy, self.kind).map(Some)
+    }
+}
+
+/// GELU, exact (erf) form as PyTorch's `nn.GELU()`: `x * Phi(x)`.
+pub struct GELU(SmoothLayer);
+
+impl Default for GELU {
+    fn default() -> Self {
+        Self(SmoothLayer {
+            kind: Smooth::Gelu,
+            input: None,
+        })
+    }
+}
+
+/// SiLU (swish): `x * sigmoid(x)`.
+pub struct SiLU(SmoothLayer);
+
+impl Default for SiLU {
+    fn default() -> Self {
+        Self(SmoothLayer {
+            kind: Smooth::Silu,
+            input: None,
+        })
+    }
+}
+
+macro_rules! smooth_layer {
+    ($layer:ident, $name:literal) => {
+        impl Layer for $layer {
+            fn spec(&self) -> LayerSpec {
+                LayerSpec::$layer
+            }
+
+            fn build(
+                &mut self,
+                input: &[usize],
+                _seed: u64,
+                _device: &Device,
+            ) -> Result<Vec<usize>> {
+                Ok(input.to_vec())
+            }
+
+            fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+                self.0.forward(x, mode)
+            }
+
+            fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+                self.0.backward(dy, need_dx, concat!($name, "::backward"))
+            }
+
+            fn end_step(&mut self) {
+                self.0.input = None;
+            }
+        }
+    };
+}
+
+smooth_layer!(GELU, "GELU");
+smooth_layer!(SiLU, "SiLU");
+
+/// Passes its input through unchanged (a placeholder branch, as PyTorch's
+/// `nn.Identity`).
+#[derive(Default)]
+pub struct Identity;
+
+impl Layer for Identity {
+    fn spec(&self) -> LayerSpec {
+        LayerSpec::Identity
+    }
+
+    fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
+        Ok(input.to_vec())
+    }
+
+    fn forward(&mut self, x: &Tensor, _mode: Mode) -> Result<Tensor> {
+        Ok(x.clone())
+    }
+
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        Ok(need_dx.then(|| dy.clone()))
+    }
+}
+
+/// Multiplies by a constant `factor` (airbench scales its logits by 1/9).
+pub struct Scale {
+    pub factor: f32,
+}
+
+impl Scale {
+    pub fn new(factor: f32) -> Self {
+        Self { factor }
+    }
+}
+
+impl Layer for Scale {
+    fn spec(&self) -> LayerSpec {
+        LayerSpec::Scale {
+            factor: self.factor,
+        }
+    }
+
+    fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
+        check_hyperparameter(
+            "Scale factor",
+            self.factor,
+            self.factor.is_finite(),
+            "finite",
+        )?;
+        Ok(input.to_vec())
+    }
+
+    fn forward(&mut self, x: &Tensor, _mode: Mode) -> Result<Tensor> {
+        scale(x, self.factor)
+    }
+
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        if !need_dx {
+            return Ok(None);
+        }
+        scale(dy, self.factor).map(Some)
     }
 }

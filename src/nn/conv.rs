@@ -20,7 +20,8 @@ use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::GpuContext;
 use crate::tensor::{DType, Tensor};
 
-/// A 2-D convolution with bias, NHWC, weights `[R, S, C_in, C_out]`.
+/// A 2-D convolution, NHWC, weights `[R, S, C_in, C_out]`, with a bias per
+/// filter unless built with `bias(false)` (a conv before BatchNorm needs none).
 pub struct Conv2d {
     pub filters: usize,
     pub kernel: (usize, usize),
@@ -31,6 +32,9 @@ pub struct Conv2d {
     pub l2: f32,
     pub bias_l1: f32,
     pub bias_l2: f32,
+    /// Whether the bias is a parameter. Without, the kernels add a zero bias
+    /// that is neither trained nor saved.
+    pub bias: bool,
     weights: Option<ConvWeights>,
     input: Option<Tensor>,
     grads: Option<(Tensor, Tensor)>,
@@ -59,6 +63,7 @@ impl Conv2d {
             l2: 0.0,
             bias_l1: 0.0,
             bias_l2: 0.0,
+            bias: true,
             weights: None,
             input: None,
             grads: None,
@@ -75,6 +80,12 @@ impl Conv2d {
     /// L1 / L2 penalties on the kernel and the bias.
     pub fn regularize(mut self, l1: f32, l2: f32, bias_l1: f32, bias_l2: f32) -> Self {
         (self.l1, self.l2, self.bias_l1, self.bias_l2) = (l1, l2, bias_l1, bias_l2);
+        self
+    }
+
+    /// With `false`, no bias parameter (as PyTorch's `bias=False`).
+    pub fn bias(mut self, bias: bool) -> Self {
+        self.bias = bias;
         self
     }
 
@@ -145,6 +156,7 @@ impl Layer for Conv2d {
             l2: self.l2,
             bias_l1: self.bias_l1,
             bias_l2: self.bias_l2,
+            bias: self.bias,
         }
     }
 
@@ -244,22 +256,23 @@ impl Layer for Conv2d {
         let (Some(w), Some((dw, db))) = (self.weights.as_mut(), self.grads.as_ref()) else {
             return Vec::new();
         };
-        vec![
-            Trainable {
-                value: &mut w.kernel,
-                grad: dw,
-                l1: self.l1,
-                l2: self.l2,
-                decays: true,
-            },
-            Trainable {
+        let mut trainables = vec![Trainable {
+            value: &mut w.kernel,
+            grad: dw,
+            l1: self.l1,
+            l2: self.l2,
+            decays: true,
+        }];
+        if self.bias {
+            trainables.push(Trainable {
                 value: &mut w.bias,
                 grad: db,
                 l1: self.bias_l1,
                 l2: self.bias_l2,
                 decays: true,
-            },
-        ]
+            });
+        }
+        trainables
     }
 
     fn regularized(&self) -> Vec<(&Tensor, f32, f32)> {
@@ -271,6 +284,7 @@ impl Layer for Conv2d {
             (&w.bias, self.bias_l1, self.bias_l2),
         ]
         .into_iter()
+        .take(if self.bias { 2 } else { 1 })
         .filter(|(_, l1, l2)| *l1 != 0.0 || *l2 != 0.0)
         .collect()
     }
@@ -280,14 +294,15 @@ impl Layer for Conv2d {
         let (_, meta) = self.geometry(input)?;
         let values = meta
             .k
-            .checked_add(1)
+            .checked_add(usize::from(self.bias))
             .and_then(|k| k.checked_mul(self.filters));
         state_size("Conv2d", input, values)
     }
 
     fn state(&self) -> Vec<(&'static str, &Tensor)> {
         match &self.weights {
-            Some(w) => vec![("kernel", &w.kernel), ("bias", &w.bias)],
+            Some(w) if self.bias => vec![("kernel", &w.kernel), ("bias", &w.bias)],
+            Some(w) => vec![("kernel", &w.kernel)],
             None => Vec::new(),
         }
     }
@@ -302,8 +317,14 @@ impl Layer for Conv2d {
                 reason: "layer not built".into(),
             })?;
         match name {
-            "kernel" => w.kernel = tensor,
-            "bias" => w.bias = tensor,
+            "kernel" => {
+                // An unsaved zero bias follows the kernel to its device.
+                if !self.bias && !w.bias.device().same_as(&tensor.device()) {
+                    w.bias = w.bias.to(&tensor.device())?;
+                }
+                w.kernel = tensor;
+            }
+            "bias" if self.bias => w.bias = tensor,
             _ => {
                 return Err(AetherError::InvalidShape {
                     op: "Conv2d::set_state",
@@ -323,9 +344,26 @@ impl Layer for Conv2d {
     }
 
     fn set_grad_outputs(&mut self, outputs: Vec<Tensor>) {
-        self.grad_outputs = <[Tensor; 2]>::try_from(outputs)
-            .ok()
-            .map(|[dw, db]| (dw, db));
+        self.grad_outputs = match <[Tensor; 2]>::try_from(outputs) {
+            Ok([dw, db]) => Some((dw, db)),
+            // Without a bias parameter the kernels still write a bias
+            // gradient: into a buffer of the layer's own, made once.
+            Err(outputs) => match (outputs.as_slice(), &self.weights) {
+                ([dw], Some(w)) if !self.bias => {
+                    let db = match self.grad_outputs.take() {
+                        Some((_, db)) if db.device().same_as(&dw.device()) => Some(db),
+                        _ => Tensor::from_f32(
+                            vec![self.filters],
+                            vec![0.0; self.filters],
+                            &dw.device(),
+                        )
+                        .ok(),
+                    };
+                    db.map(|db| (dw.clone(), db))
+                }
+                _ => None,
+            },
+        };
     }
 
     fn set_param_shadows(&mut self, shadows: Vec<Tensor>) {
@@ -372,6 +410,12 @@ impl Dense {
         self
     }
 
+    /// With `false`, no bias parameter (as PyTorch's `bias=False`).
+    pub fn bias(mut self, bias: bool) -> Self {
+        self.conv = self.conv.bias(bias);
+        self
+    }
+
     fn as_image(x: &Tensor) -> Result<Tensor> {
         match *x.dims() {
             [n, features] => x.reshape(vec![n, 1, 1, features]),
@@ -406,6 +450,7 @@ impl Layer for Dense {
             l2: self.conv.l2,
             bias_l1: self.conv.bias_l1,
             bias_l2: self.conv.bias_l2,
+            bias: self.conv.bias,
         }
     }
 

@@ -5,13 +5,15 @@ mod activation;
 mod conv;
 mod dropout;
 mod init;
+mod merge;
 mod norm;
 mod pool;
 mod reshape;
 
-pub use activation::{LeakyReLU, ReLU, Softmax};
+pub use activation::{GELU, Identity, LeakyReLU, ReLU, Scale, SiLU, Softmax};
 pub use conv::{Conv2d, Dense};
 pub use dropout::{Dropout, SpatialDropout};
+pub use merge::{Add, Concat};
 pub use norm::BatchNorm;
 pub use pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
 pub use reshape::Flatten;
@@ -56,6 +58,9 @@ pub enum LayerSpec {
         l2: f32,
         bias_l1: f32,
         bias_l2: f32,
+        /// Absent from files of layers with a bias (all before it existed).
+        #[serde(default = "with_bias", skip_serializing_if = "Clone::clone")]
+        bias: bool,
     },
     Dense {
         units: usize,
@@ -63,6 +68,8 @@ pub enum LayerSpec {
         l2: f32,
         bias_l1: f32,
         bias_l2: f32,
+        #[serde(default = "with_bias", skip_serializing_if = "Clone::clone")]
+        bias: bool,
     },
     Flatten,
     BatchNorm {
@@ -91,6 +98,18 @@ pub enum LayerSpec {
         alpha: f32,
     },
     Softmax,
+    GELU,
+    SiLU,
+    Identity,
+    Scale {
+        factor: f32,
+    },
+    Add,
+    Concat,
+}
+
+fn with_bias() -> bool {
+    true
 }
 
 impl LayerSpec {
@@ -109,6 +128,12 @@ impl LayerSpec {
             Self::ReLU => "ReLU",
             Self::LeakyReLU { .. } => "LeakyReLU",
             Self::Softmax => "Softmax",
+            Self::GELU => "GELU",
+            Self::SiLU => "SiLU",
+            Self::Identity => "Identity",
+            Self::Scale { .. } => "Scale",
+            Self::Add => "Add",
+            Self::Concat => "Concat",
         }
     }
 
@@ -124,10 +149,12 @@ impl LayerSpec {
                 l2,
                 bias_l1,
                 bias_l2,
+                bias,
             } => Box::new(
                 Conv2d::new(filters, kernel, padding)
                     .stride(stride)
-                    .regularize(l1, l2, bias_l1, bias_l2),
+                    .regularize(l1, l2, bias_l1, bias_l2)
+                    .bias(bias),
             ),
             Self::Dense {
                 units,
@@ -135,7 +162,12 @@ impl LayerSpec {
                 l2,
                 bias_l1,
                 bias_l2,
-            } => Box::new(Dense::new(units).regularize(l1, l2, bias_l1, bias_l2)),
+                bias,
+            } => Box::new(
+                Dense::new(units)
+                    .regularize(l1, l2, bias_l1, bias_l2)
+                    .bias(bias),
+            ),
             Self::Flatten => Box::new(Flatten::default()),
             Self::BatchNorm { momentum, epsilon } => Box::new(BatchNorm::new(momentum, epsilon)),
             Self::MaxPool2d {
@@ -154,6 +186,12 @@ impl LayerSpec {
             Self::ReLU => Box::new(ReLU::default()),
             Self::LeakyReLU { alpha } => Box::new(LeakyReLU::new(alpha)),
             Self::Softmax => Box::new(Softmax::default()),
+            Self::GELU => Box::new(GELU::default()),
+            Self::SiLU => Box::new(SiLU::default()),
+            Self::Identity => Box::new(Identity),
+            Self::Scale { factor } => Box::new(Scale::new(factor)),
+            Self::Add => Box::new(Add::default()),
+            Self::Concat => Box::new(Concat::default()),
         }
     }
 }
@@ -173,6 +211,41 @@ pub trait Layer: Send {
     /// Gradients of the parameters from `dy`, and the input gradient when
     /// `need_dx` (the first layer's is never needed).
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>>;
+
+    /// [`Layer::build`] for the per-sample shapes of all the layer's inputs in
+    /// a [`crate::Graph`]: one for most layers, two or more for a merge
+    /// ([`Add`], [`Concat`]), which overrides the three `_inputs` methods.
+    fn build_inputs(
+        &mut self,
+        inputs: &[&[usize]],
+        seed: u64,
+        device: &Device,
+    ) -> Result<Vec<usize>> {
+        match inputs {
+            [input] => self.build(input, seed, device),
+            _ => Err(AetherError::InvalidShape {
+                op: "Layer::build",
+                shape: vec![],
+                reason: format!(
+                    "{} takes one input, given {}",
+                    self.spec().kind(),
+                    inputs.len()
+                ),
+            }),
+        }
+    }
+
+    /// [`Layer::forward`] over all the layer's inputs, in the order given to
+    /// [`crate::Graph::add`].
+    fn forward_inputs(&mut self, inputs: &[&Tensor], mode: Mode) -> Result<Tensor> {
+        self.forward(inputs[0], mode)
+    }
+
+    /// [`Layer::backward`] returning one gradient per input (`None` where
+    /// `need_dx` is false).
+    fn backward_inputs(&mut self, dy: &Tensor, need_dx: bool) -> Result<Vec<Option<Tensor>>> {
+        Ok(vec![self.backward(dy, need_dx)?])
+    }
 
     /// Takes over the ReLU that follows this layer: from now on its output is
     /// `relu(output)` and its backward gates the gradient by it, so the model

@@ -182,3 +182,106 @@ pub(crate) fn gpu_elementwise(
     )?;
     Ok(output)
 }
+
+const SMOOTH_SHADER: &str = concat!(
+    include_str!("../../shaders/ops/activation_smooth_common.wgsl"),
+    include_str!("../../shaders/ops/activation_smooth.wgsl")
+);
+const SMOOTH_BACKWARD_SHADER: &str = concat!(
+    include_str!("../../shaders/ops/activation_smooth_common.wgsl"),
+    include_str!("../../shaders/ops/activation_smooth_backward.wgsl")
+);
+
+const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
+
+/// erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), in f32 in the order
+/// the GPU kernels evaluate it, so both devices agree to a few ulps.
+fn erf_approx(v: f32) -> f32 {
+    let a = v.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152 + t * 1.061_405_4))));
+    let e = 1.0 - poly * (-a * a).exp();
+    if v < 0.0 { -e } else { e }
+}
+
+fn gelu_of(v: f32) -> f32 {
+    0.5 * v * (1.0 + erf_approx(v * std::f32::consts::FRAC_1_SQRT_2))
+}
+
+fn gelu_slope(v: f32) -> f32 {
+    let cdf = 0.5 * (1.0 + erf_approx(v * std::f32::consts::FRAC_1_SQRT_2));
+    cdf + v * FRAC_1_SQRT_2PI * (-0.5 * v * v).exp()
+}
+
+fn sigmoid(v: f32) -> f32 {
+    1.0 / (1.0 + (-v).exp())
+}
+
+fn silu_of(v: f32) -> f32 {
+    v * sigmoid(v)
+}
+
+fn silu_slope(v: f32) -> f32 {
+    let s = sigmoid(v);
+    s * (1.0 + v * (1.0 - s))
+}
+
+/// A smooth activation: GELU (exact, erf form, as PyTorch's `nn.GELU()`) or
+/// SiLU (`x * sigmoid(x)`, also called swish).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Smooth {
+    Gelu,
+    Silu,
+}
+
+impl Smooth {
+    fn value(self, v: f32) -> f32 {
+        match self {
+            Self::Gelu => gelu_of(v),
+            Self::Silu => silu_of(v),
+        }
+    }
+
+    fn slope(self, v: f32) -> f32 {
+        match self {
+            Self::Gelu => gelu_slope(v),
+            Self::Silu => silu_slope(v),
+        }
+    }
+
+    /// Kernel names, which key the pipeline cache, and entry points.
+    fn kernels(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Gelu => ("gelu", "gelu_backward"),
+            Self::Silu => ("silu", "silu_backward"),
+        }
+    }
+}
+
+/// The activation `kind` elementwise over f32 `x`; NaN passes through.
+pub fn smooth_activation(x: &Tensor, kind: Smooth) -> Result<Tensor> {
+    let (kernel, _) = kind.kernels();
+    check_operands(kernel, &[x])?;
+    if let Some(xs) = x.host_f32() {
+        let y = xs.par_iter().map(|&v| kind.value(v)).collect();
+        return Tensor::from_f32(x.dims().to_vec(), y, &x.device());
+    }
+    gpu_elementwise(kernel, kernel, SMOOTH_SHADER, &[x], &[])
+}
+
+/// The gradient of [`smooth_activation`]: `dy * f'(x)`.
+pub fn smooth_activation_backward(x: &Tensor, dy: &Tensor, kind: Smooth) -> Result<Tensor> {
+    let (_, kernel) = kind.kernels();
+    check_operands(kernel, &[x, dy])?;
+    if let (Some(xs), Some(dys)) = (x.host_f32(), dy.host_f32()) {
+        let dx = xs
+            .par_iter()
+            .zip(dys)
+            .map(|(&v, &d)| d * kind.slope(v))
+            .collect();
+        return Tensor::from_f32(x.dims().to_vec(), dx, &x.device());
+    }
+    gpu_elementwise(kernel, kernel, SMOOTH_BACKWARD_SHADER, &[x, dy], &[])
+}

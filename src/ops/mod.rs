@@ -1,8 +1,10 @@
 //! Elementwise operations shared by the layers.
 
 pub mod activation;
+pub mod arith;
 pub mod augment;
 pub mod batchnorm;
+pub mod concat;
 pub mod dropout;
 pub mod loss;
 pub mod pool;

@@ -1,0 +1,39 @@
+//! Elementwise sums and constant scaling, on the CPU and the GPU: the residual
+//! `Add`, the `Scale` layer, and the sum of the gradients a tensor receives
+//! from every layer it feeds.
+
+use rayon::prelude::*;
+
+use super::activation::{check_operands, gpu_elementwise};
+use crate::error::{AetherError, Result};
+use crate::tensor::Tensor;
+
+const ADD_SHADER: &str = include_str!("../../shaders/ops/add.wgsl");
+const SCALE_SHADER: &str = include_str!("../../shaders/ops/scale.wgsl");
+
+/// `a + b` elementwise; both f32 of one shape on one device.
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    check_operands("add", &[a, b])?;
+    if let (Some(xs), Some(ys)) = (a.host_f32(), b.host_f32()) {
+        let sum = xs.par_iter().zip(ys).map(|(&x, &y)| x + y).collect();
+        return Tensor::from_f32(a.dims().to_vec(), sum, &a.device());
+    }
+    gpu_elementwise("add", "main", ADD_SHADER, &[a, b], &[])
+}
+
+/// `factor * x` elementwise; `factor` must be finite.
+pub fn scale(x: &Tensor, factor: f32) -> Result<Tensor> {
+    check_operands("scale", &[x])?;
+    if !factor.is_finite() {
+        return Err(AetherError::InvalidShape {
+            op: "scale",
+            shape: x.dims().to_vec(),
+            reason: format!("factor must be finite, got {factor}"),
+        });
+    }
+    if let Some(xs) = x.host_f32() {
+        let y = xs.par_iter().map(|&v| factor * v).collect();
+        return Tensor::from_f32(x.dims().to_vec(), y, &x.device());
+    }
+    gpu_elementwise("scale", "main", SCALE_SHADER, &[x], &[factor.to_bits()])
+}

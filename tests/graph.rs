@@ -1,0 +1,532 @@
+//! Graph models and the layers they need: Add, Concat, GELU, SiLU, Identity,
+//! Scale and convs without bias, each against a reference written here; a
+//! graph's gradients against finite differences on a DAG with a fork; GPU
+//! against CPU; files of graph models; and bad graphs refused naming the layer.
+
+mod common;
+
+use std::collections::HashMap;
+
+use aether::conv::Padding;
+use aether::data::synthetic_images;
+use aether::model::{Loss, Metric};
+use aether::nn::{
+    Add, BatchNorm, Concat, Conv2d, Dense, Flatten, GELU, GlobalAvgPool, Identity, ReLU, Scale,
+    SiLU,
+};
+use aether::ops::activation::{Smooth, smooth_activation, smooth_activation_backward};
+use aether::ops::arith::{add, scale};
+use aether::ops::concat::{concat_channels, split_channels};
+use aether::optim::Adam;
+use aether::{AetherError, Device, Graph, Model, NodeId, Tensor, TrainOptions};
+use common::{Rng, f32_bits, report};
+
+fn norm_rel(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let (mut d, mut n) = (0.0f64, 0.0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        d += (f64::from(g) - w).powi(2);
+        n += w.powi(2);
+    }
+    (d / n).sqrt()
+}
+
+/// erf in f64 by its Maclaurin series (|z| < 4 here: every term is far below
+/// f64's rounding once the series has converged).
+fn erf64(z: f64) -> f64 {
+    let (mut term, mut sum, mut n) = (z, z, 0.0f64);
+    while term.abs() > 1e-17 * sum.abs().max(1e-300) || n < 3.0 {
+        n += 1.0;
+        term *= -z * z / n;
+        sum += term / (2.0 * n + 1.0);
+        if n > 200.0 {
+            break;
+        }
+    }
+    sum * 2.0 / std::f64::consts::PI.sqrt()
+}
+
+fn gelu64(x: f64) -> (f64, f64) {
+    let cdf = 0.5 * (1.0 + erf64(x / std::f64::consts::SQRT_2));
+    let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+    (x * cdf, cdf + x * pdf)
+}
+
+fn silu64(x: f64) -> (f64, f64) {
+    let s = 1.0 / (1.0 + (-x).exp());
+    (x * s, s * (1.0 + x * (1.0 - s)))
+}
+
+/// Odd: the last workgroup of 256 is partly empty.
+const LEN: usize = 3 * 257 + 11;
+
+test_device!(add_and_scale_are_one_rounding, |device: &Device| {
+    let mut rng = Rng::fresh();
+    let (a, b) = (rng.vec(LEN), rng.vec(LEN));
+    let factor = 1.0 / 9.0 + rng.uniform() * 0.01;
+    let ta = Tensor::from_f32(vec![LEN], a.clone(), device).unwrap();
+    let tb = Tensor::from_f32(vec![LEN], b.clone(), device).unwrap();
+    let sum = f32_bits(&add(&ta, &tb).unwrap());
+    let scaled = f32_bits(&scale(&ta, factor).unwrap());
+    for i in 0..LEN {
+        // A sum or product of two f32 is exact in f64: one rounding after.
+        let want_sum = (f64::from(a[i]) + f64::from(b[i])) as f32;
+        let want_scaled = (f64::from(factor) * f64::from(a[i])) as f32;
+        assert_eq!(sum[i], want_sum.to_bits(), "add at {i} (seed {})", rng.seed);
+        assert_eq!(
+            scaled[i],
+            want_scaled.to_bits(),
+            "scale at {i} (seed {})",
+            rng.seed
+        );
+    }
+    let short = Tensor::from_f32(vec![LEN - 1], a[1..].to_vec(), device).unwrap();
+    assert!(matches!(
+        add(&ta, &short),
+        Err(AetherError::ShapeMismatch { .. })
+    ));
+    assert!(scale(&ta, f32::NAN).is_err());
+});
+
+test_device!(gelu_and_silu_match_f64, |device: &Device| {
+    let mut rng = Rng::fresh();
+    // Spread over [-4, 4), where both curves bend; a NaN must stay NaN.
+    let mut xs: Vec<f32> = rng.vec(LEN).iter().map(|v| 4.0 * v).collect();
+    xs[7] = 0.0;
+    let dys = rng.vec(LEN);
+    let x = Tensor::from_f32(vec![LEN], xs.clone(), device).unwrap();
+    let dy = Tensor::from_f32(vec![LEN], dys.clone(), device).unwrap();
+    for (kind, reference) in [
+        (Smooth::Gelu, gelu64 as fn(f64) -> (f64, f64)),
+        (Smooth::Silu, silu64),
+    ] {
+        let y = smooth_activation(&x, kind).unwrap().to_vec_f32().unwrap();
+        let dx = smooth_activation_backward(&x, &dy, kind)
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let want_y: Vec<f64> = xs.iter().map(|&v| reference(f64::from(v)).0).collect();
+        let want_dx: Vec<f64> = xs
+            .iter()
+            .zip(&dys)
+            .map(|(&v, &d)| reference(f64::from(v)).1 * f64::from(d))
+            .collect();
+        // erf's approximation is within 1.5e-7; the rest is f32 rounding.
+        let (ey, edx) = (norm_rel(&y, &want_y), norm_rel(&dx, &want_dx));
+        assert!(
+            ey < 1e-6 && edx < 1e-6,
+            "{kind:?} on {}: forward {ey:e}, backward {edx:e} (seed {})",
+            device.name(),
+            rng.seed
+        );
+    }
+    let mut with_nan = xs.clone();
+    with_nan[5] = f32::NAN;
+    let x = Tensor::from_f32(vec![LEN], with_nan, device).unwrap();
+    for kind in [Smooth::Gelu, Smooth::Silu] {
+        assert!(smooth_activation(&x, kind).unwrap().to_vec_f32().unwrap()[5].is_nan());
+    }
+});
+
+test_device!(concat_and_split_move_channels_exactly, |device: &Device| {
+    let mut rng = Rng::fresh();
+    let lead = [2usize, 3, 5];
+    let rows: usize = lead.iter().product();
+    let widths = [3usize, 1, 6];
+    let parts: Vec<Vec<f32>> = widths.iter().map(|&w| rng.vec(rows * w)).collect();
+    let tensors: Vec<Tensor> = parts
+        .iter()
+        .zip(widths)
+        .map(|(p, w)| Tensor::from_f32(vec![2, 3, 5, w], p.clone(), device).unwrap())
+        .collect();
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    let joined = concat_channels(&refs).unwrap();
+    assert_eq!(joined.dims(), &[2, 3, 5, 10]);
+    let mut want = Vec::new();
+    for row in 0..rows {
+        for (p, &w) in parts.iter().zip(&widths) {
+            want.extend_from_slice(&p[row * w..(row + 1) * w]);
+        }
+    }
+    let got = joined.to_vec_f32().unwrap();
+    assert!(
+        got.iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "concat on {} (seed {})",
+        device.name(),
+        rng.seed
+    );
+    let back = split_channels(&joined, &widths).unwrap();
+    for (piece, part) in back.iter().zip(&parts) {
+        assert_eq!(&piece.to_vec_f32().unwrap(), part);
+    }
+    let other = Tensor::from_f32(vec![2, 3, 4, 1], rng.vec(24), device).unwrap();
+    assert!(concat_channels(&[&tensors[0], &other]).is_err());
+    assert!(split_channels(&joined, &[3, 3]).is_err());
+});
+
+/// A DAG with a fork: the first conv's output feeds a branch, the residual
+/// add and the concat; smooth activations keep finite differences exact.
+fn forked_graph(seed: u64) -> Model {
+    let mut g = Graph::new();
+    let x = g.input();
+    let a = g.add(Conv2d::new(4, (3, 3), Padding::Same), &[x]);
+    let b = g.add(GELU::default(), &[a]);
+    let b = g.add(Conv2d::new(4, (3, 3), Padding::Same).bias(false), &[b]);
+    let sum = g.add(Add::default(), &[b, a]);
+    let s = g.add(SiLU::default(), &[sum]);
+    let skip = g.add(Identity, &[a]);
+    let joined = g.add(Concat::default(), &[s, skip]);
+    let c = g.add(
+        Conv2d::new(6, (1, 1), Padding::Valid).stride((2, 2)),
+        &[joined],
+    );
+    let c = g.add(Scale::new(1.5), &[c]);
+    let pooled = g.add(GlobalAvgPool::default(), &[c]);
+    let flat = g.add(Flatten::default(), &[pooled]);
+    g.add(Dense::new(3), &[flat]);
+    let mut model = Model::from_graph(g).seed(seed);
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.1,
+        },
+        Adam::new(1e-3),
+        Metric::CategoricalAccuracy,
+    );
+    model
+}
+
+/// A model file's tensors: shape and values by name.
+type FileTensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
+/// The tensors of a saved model file, by name, and its metadata.
+fn file_tensors(bytes: &[u8]) -> (FileTensors, HashMap<String, String>) {
+    let file = safetensors::SafeTensors::deserialize(bytes).unwrap();
+    let tensors = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let values: Vec<f32> = bytemuck::pod_collect_to_vec(view.data());
+            (name, (view.shape().to_vec(), values))
+        })
+        .collect();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).unwrap();
+    (tensors, meta.metadata().clone().unwrap())
+}
+
+fn file_with(tensors: &FileTensors, metadata: &HashMap<String, String>) -> Vec<u8> {
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(name, (shape, values))| {
+            (
+                name.clone(),
+                shape.clone(),
+                bytemuck::cast_slice(values).to_vec(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
+        .iter()
+        .map(|(name, shape, data)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)
+                    .unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    safetensors::serialize(views, Some(metadata.clone())).unwrap()
+}
+
+#[test]
+fn graph_gradients_match_finite_differences_on_cpu() {
+    let mut rng = Rng::fresh();
+    let input = [5usize, 5, 3];
+    let batch = 4;
+    let x = rng.vec(batch * input.iter().product::<usize>());
+    let y: Vec<u32> = (0..batch as u32).map(|i| (i * 7 + 1) % 3).collect();
+    let mut model = forked_graph(rng.seed);
+    model.finalize(&input).unwrap();
+    let grads = model.gradients(&x, &y).unwrap().tensors;
+    let names: Vec<&str> = grads.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "layers.0.kernel",
+            "layers.0.bias",
+            "layers.2.kernel",
+            "layers.7.kernel",
+            "layers.7.bias",
+            "layers.11.kernel",
+            "layers.11.bias"
+        ],
+        "the bias-free conv (layer 2) has no bias gradient"
+    );
+    let path = std::env::temp_dir().join(format!("aether-graph-fd-{}.safetensors", rng.seed));
+    model.save(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    let (tensors, metadata) = file_tensors(&bytes);
+    let loss_with = |name: &str, index: usize, delta: f32| -> f64 {
+        let mut changed = tensors.clone();
+        changed.get_mut(name).unwrap().1[index] += delta;
+        let mut probe =
+            Model::from_bytes("probe", &file_with(&changed, &metadata), &Device::Cpu).unwrap();
+        f64::from(probe.gradients(&x, &y).unwrap().loss)
+    };
+    for (name, grad) in &grads {
+        let picks: Vec<usize> = (0..5)
+            .map(|_| (rng.next_u64() % grad.len() as u64) as usize)
+            .collect();
+        let h = 1e-2f32;
+        let numeric: Vec<f64> = picks
+            .iter()
+            .map(|&i| (loss_with(name, i, h) - loss_with(name, i, -h)) / (2.0 * f64::from(h)))
+            .collect();
+        let analytic: Vec<f32> = picks.iter().map(|&i| grad[i]).collect();
+        let err = norm_rel(&analytic, &numeric);
+        assert!(
+            err < 2e-2,
+            "{name} at {picks:?}: analytic {analytic:?} vs numeric {numeric:?}: error {err:e} (seed {})",
+            rng.seed
+        );
+    }
+}
+
+/// A residual block with BatchNorm and ReLU (the fusions' case) and a
+/// projection shortcut, as ResNet's.
+fn residual_graph(seed: u64) -> Model {
+    let mut g = Graph::new();
+    let x = g.input();
+    let stem = g.add(Conv2d::new(8, (3, 3), Padding::Same).bias(false), &[x]);
+    let stem = g.add(BatchNorm::new(0.9, 1e-5), &[stem]);
+    let stem = g.add(ReLU::default(), &[stem]);
+    let a = g.add(
+        Conv2d::new(16, (3, 3), Padding::Same)
+            .stride((2, 2))
+            .bias(false),
+        &[stem],
+    );
+    let a = g.add(BatchNorm::new(0.9, 1e-5), &[a]);
+    let a = g.add(ReLU::default(), &[a]);
+    // Bias-free before BatchNorm, which cancels a bias (its gradient is 0).
+    let a = g.add(Conv2d::new(16, (3, 3), Padding::Same).bias(false), &[a]);
+    let a = g.add(BatchNorm::new(0.9, 1e-5), &[a]);
+    let shortcut = g.add(
+        Conv2d::new(16, (1, 1), Padding::Valid).stride((2, 2)),
+        &[stem],
+    );
+    let sum = g.add(Add::default(), &[a, shortcut]);
+    let h = g.add(ReLU::default(), &[sum]);
+    let h = g.add(GlobalAvgPool::default(), &[h]);
+    let h = g.add(Flatten::default(), &[h]);
+    g.add(Dense::new(10), &[h]);
+    let mut model = Model::from_graph(g).seed(seed);
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.05,
+        },
+        Adam::adamw(3e-3, 0.01),
+        Metric::CategoricalAccuracy,
+    );
+    model
+}
+
+const SIDE: usize = 9;
+
+#[test]
+fn graph_on_the_gpu_matches_the_cpu() {
+    let Some(gpu) = common::gpu() else { return };
+    let mut rng = Rng::fresh();
+    let (x, y) = synthetic_images(6, SIDE, SIDE, rng.next_u64()).unwrap();
+    let on = |device: &Device| {
+        let mut model = residual_graph(rng.seed);
+        model.to(device).unwrap();
+        model.finalize(&[SIDE, SIDE, 3]).unwrap();
+        let logits = model.predict(&x, 4, true).unwrap();
+        let gradients = model.gradients(&x, &y).unwrap();
+        (model, logits, gradients.loss, gradients.tensors)
+    };
+    let (cpu_model, cpu_logits, cpu_loss, cpu_grads) = on(&Device::Cpu);
+    let (gpu_model, gpu_logits, gpu_loss, gpu_grads) = on(&gpu);
+    assert_eq!(
+        cpu_model.fused_relus(),
+        [2, 5],
+        "ReLUs after BatchNorm fold where BatchNorm's output feeds them alone"
+    );
+    assert_eq!(gpu_model.fused_relus(), cpu_model.fused_relus());
+    report(&format!(
+        "[aether-test] residual graph on the GPU: f16 outputs {:?}, f16 input gradients {:?}",
+        gpu_model.f16_outputs(),
+        gpu_model.f16_input_grads()
+    ));
+    // The GPU's convs take f16 operands: a few parts in a thousand.
+    let widen = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    let err = norm_rel(&gpu_logits, &widen(&cpu_logits));
+    assert!(err < 2e-2, "logits differ by {err:e} (seed {})", rng.seed);
+    assert!(
+        (gpu_loss - cpu_loss).abs() < 1e-2 * cpu_loss.abs(),
+        "loss {gpu_loss} vs {cpu_loss}"
+    );
+    for ((name, g), (cpu_name, c)) in gpu_grads.iter().zip(&cpu_grads) {
+        assert_eq!(name, cpu_name);
+        let err = norm_rel(g, &widen(c));
+        assert!(
+            err < 5e-2,
+            "{name}: GPU gradient differs by {err:e} (seed {})",
+            rng.seed
+        );
+    }
+}
+
+test_device!(
+    a_residual_graph_learns_and_round_trips,
+    |device: &Device| {
+        let (x, y) = synthetic_images(96, SIDE, SIDE, 11).unwrap();
+        let mut model = residual_graph(3);
+        model.to(device).unwrap();
+        model.finalize(&[SIDE, SIDE, 3]).unwrap();
+        let options = TrainOptions {
+            epochs: 4,
+            batch_size: 16,
+            progress: false,
+            ..TrainOptions::default()
+        };
+        let history = model.train(&x, &y, &options).unwrap();
+        let (first, last) = (&history.epochs[0], history.epochs.last().unwrap());
+        report(&format!(
+            "[aether-test] residual graph on {}: loss {:.3} -> {:.3}",
+            device.name(),
+            first.loss,
+            last.loss
+        ));
+        assert!(last.loss < first.loss, "loss must fall: {history:?}");
+        let path = std::env::temp_dir().join(format!(
+            "aether-graph-{}-{}.safetensors",
+            std::process::id(),
+            device.name().len()
+        ));
+        model.save(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let (_, metadata) = file_tensors(&bytes);
+        assert!(metadata.values().any(|m| m.contains("aether-model-v2")));
+        let mut loaded = Model::load(&path, device).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert_eq!(loaded.layer_inputs(8), Some(&[NodeId::Layer(2)][..]));
+        assert_eq!(
+            loaded.layer_inputs(9),
+            Some(&[NodeId::Layer(7), NodeId::Layer(8)][..])
+        );
+        let before = model.predict(&x[..3 * SIDE * SIDE * 3], 3, true).unwrap();
+        let after = loaded.predict(&x[..3 * SIDE * SIDE * 3], 3, true).unwrap();
+        assert_eq!(before, after, "a loaded graph predicts as the saved one");
+    }
+);
+
+#[test]
+fn plain_stacks_still_save_in_the_first_format() {
+    let mut model = Model::new();
+    model.add(Flatten::default()).add(Dense::new(3));
+    model.finalize(&[2, 2, 1]).unwrap();
+    let path =
+        std::env::temp_dir().join(format!("aether-stack-{}.safetensors", std::process::id()));
+    model.save(&path).unwrap();
+    let (_, metadata) = file_tensors(&std::fs::read(&path).unwrap());
+    std::fs::remove_file(&path).ok();
+    let arch = metadata.values().next().unwrap();
+    assert!(arch.contains("aether-model-v1"), "{arch}");
+    assert!(
+        !arch.contains("inputs") && !arch.contains("\"bias\""),
+        "{arch}"
+    );
+}
+
+fn graph_error(build: impl FnOnce(&mut Graph)) -> String {
+    let mut g = Graph::new();
+    build(&mut g);
+    let mut model = Model::from_graph(g);
+    match model.finalize(&[4, 4, 2]) {
+        Err(AetherError::Model(message)) => message,
+        other => panic!("expected a Model error, got {other:?}"),
+    }
+}
+
+#[test]
+fn bad_graphs_are_refused_naming_the_layer() {
+    let conv = || Conv2d::new(2, (1, 1), Padding::Valid);
+    let cycle = graph_error(|g| {
+        let x = g.input();
+        let a = g.add(conv(), &[NodeId::Layer(1)]);
+        g.add(Add::default(), &[a, x]);
+    });
+    assert!(
+        cycle.contains("graph layer 0 (Conv2d)") && cycle.contains("layer 1"),
+        "{cycle}"
+    );
+    let dangling = graph_error(|g| {
+        g.add(conv(), &[NodeId::Layer(7)]);
+    });
+    assert!(dangling.contains("does not exist"), "{dangling}");
+    let unused = graph_error(|g| {
+        let x = g.input();
+        g.add(conv(), &[x]);
+        g.add(conv(), &[x]);
+    });
+    assert!(
+        unused.contains("graph layer 0") && unused.contains("never used"),
+        "{unused}"
+    );
+    let mismatch = graph_error(|g| {
+        let x = g.input();
+        let a = g.add(Conv2d::new(3, (1, 1), Padding::Valid), &[x]);
+        g.add(Add::default(), &[a, x]);
+    });
+    assert!(
+        mismatch.contains("layer 1") && mismatch.contains("Add"),
+        "{mismatch}"
+    );
+    let concat = graph_error(|g| {
+        let x = g.input();
+        let a = g.add(Conv2d::new(3, (2, 2), Padding::Valid), &[x]);
+        g.add(Concat::default(), &[a, x]);
+    });
+    assert!(
+        concat.contains("layer 1") && concat.contains("Concat"),
+        "{concat}"
+    );
+    let lonely = graph_error(|g| {
+        let x = g.input();
+        g.add(Add::default(), &[x]);
+    });
+    assert!(lonely.contains("two or more inputs"), "{lonely}");
+    let two_into_one = graph_error(|g| {
+        let x = g.input();
+        g.add(ReLU::default(), &[x, x]);
+    });
+    assert!(two_into_one.contains("takes one input"), "{two_into_one}");
+}
+
+#[test]
+fn resnet18_has_pytorchs_parameter_count_and_shapes() {
+    let mut model = aether::zoo::resnet18_cifar(10, 0);
+    model.finalize(&[32, 32, 3]).unwrap();
+    // Trainable values: every state tensor but BatchNorm's running statistics.
+    let path = std::env::temp_dir().join(format!(
+        "aether-resnet18-{}.safetensors",
+        std::process::id()
+    ));
+    model.save(&path).unwrap();
+    let (tensors, _) = file_tensors(&std::fs::read(&path).unwrap());
+    std::fs::remove_file(&path).ok();
+    let trainable: usize = tensors
+        .iter()
+        .filter(|(name, _)| !name.contains("running"))
+        .map(|(_, (_, values))| values.len())
+        .sum();
+    assert_eq!(trainable, 11_173_962);
+    let adds = (0..200)
+        .filter_map(|i| model.layer_spec(i))
+        .filter(|s| s.kind() == "Add")
+        .count();
+    assert_eq!(adds, 8, "one residual add per basic block");
+}
