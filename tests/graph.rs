@@ -530,3 +530,116 @@ fn resnet18_has_pytorchs_parameter_count_and_shapes() {
         .count();
     assert_eq!(adds, 8, "one residual add per basic block");
 }
+
+test_device!(
+    global_max_pool_takes_each_channels_largest,
+    |device: &Device| {
+        use aether::nn::{GlobalMaxPool, Layer, Mode};
+        let mut rng = Rng::fresh();
+        let (n, h, w, c) = (3usize, 5usize, 7usize, 6usize);
+        let xs = rng.vec(n * h * w * c);
+        let mut pool = GlobalMaxPool::default();
+        assert_eq!(pool.build(&[h, w, c], 0, device).unwrap(), [c]);
+        let x = Tensor::from_f32(vec![n, h, w, c], xs.clone(), device).unwrap();
+        let mode = Mode::Train { seed: 1, step: 0 };
+        let y = pool.forward(&x, mode).unwrap();
+        assert_eq!(y.dims(), &[n, c]);
+        let dys = rng.vec(n * c);
+        let dy = Tensor::from_f32(vec![n, c], dys.clone(), device).unwrap();
+        let dx = pool
+            .backward(&dy, true)
+            .unwrap()
+            .unwrap()
+            .to_vec_f32()
+            .unwrap();
+        let (y, mut want_dx) = (y.to_vec_f32().unwrap(), vec![0.0f32; xs.len()]);
+        for s in 0..n {
+            for ch in 0..c {
+                let at = |p: usize| (s * h * w + p) * c + ch;
+                let best = (0..h * w).fold(0, |b, p| if xs[at(p)] > xs[at(b)] { p } else { b });
+                assert_eq!(y[s * c + ch], xs[at(best)], "sample {s} channel {ch}");
+                want_dx[at(best)] = dys[s * c + ch];
+            }
+        }
+        assert_eq!(
+            dx, want_dx,
+            "the gradient goes to each channel's largest value"
+        );
+    }
+);
+
+/// A conv and a BatchNorm whose scale is frozen at 1 (airbench's).
+fn frozen_scale_model(seed: u64) -> Model {
+    let mut model = Model::new().seed(seed);
+    model
+        .add(Conv2d::new(4, (3, 3), Padding::Same).bias(false))
+        .add(BatchNorm::new(0.6, 1e-12).scale(false))
+        .add(GELU::default())
+        .add(aether::nn::GlobalMaxPool::default())
+        .add(Dense::new(10).bias(false))
+        .add(Scale::new(1.0 / 9.0));
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.2,
+        },
+        Adam::new(1e-2),
+        Metric::CategoricalAccuracy,
+    );
+    model
+}
+
+test_device!(
+    batchnorm_without_scale_trains_only_its_shift,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let (x, y) = synthetic_images(8, 6, 6, rng.next_u64()).unwrap();
+        let mut model = frozen_scale_model(rng.seed);
+        model.to(device).unwrap();
+        model.finalize(&[6, 6, 3]).unwrap();
+        let names: Vec<String> = model
+            .gradients(&x, &y)
+            .unwrap()
+            .tensors
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        assert_eq!(
+            names,
+            ["layers.0.kernel", "layers.1.beta", "layers.4.kernel"]
+        );
+        for _ in 0..3 {
+            model.train_batch(&x, &y).unwrap();
+        }
+        let path = std::env::temp_dir().join(format!(
+            "aether-frozen-{}-{}.safetensors",
+            std::process::id(),
+            rng.seed
+        ));
+        model.save(&path).unwrap();
+        let (tensors, _) = file_tensors(&std::fs::read(&path).unwrap());
+        let mut saved: Vec<&str> = tensors.keys().map(String::as_str).collect();
+        saved.sort_unstable();
+        assert_eq!(
+            saved,
+            [
+                "layers.0.kernel",
+                "layers.1.beta",
+                "layers.1.running_mean",
+                "layers.1.running_var",
+                "layers.4.kernel"
+            ]
+        );
+        // A fresh model of the same seed whose weights come from the file
+        // predicts the same: the unsaved scale is still exactly 1.
+        let mut loaded = Model::load(&path, device).unwrap();
+        std::fs::remove_file(&path).ok();
+        let sample = &x[..2 * 6 * 6 * 3];
+        assert_eq!(
+            model.predict(sample, 2, true).unwrap(),
+            loaded.predict(sample, 2, true).unwrap()
+        );
+        // Moved to the CPU, the unsaved scale and bias follow.
+        loaded.to(&Device::Cpu).unwrap();
+        loaded.predict(sample, 2, true).unwrap();
+    }
+);

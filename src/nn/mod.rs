@@ -15,7 +15,7 @@ pub use conv::{Conv2d, Dense};
 pub use dropout::{Dropout, SpatialDropout};
 pub use merge::{Add, Concat};
 pub use norm::BatchNorm;
-pub use pool::{AvgPool2d, GlobalAvgPool, MaxPool2d};
+pub use pool::{AvgPool2d, GlobalAvgPool, GlobalMaxPool, MaxPool2d};
 pub use reshape::Flatten;
 
 use serde::{Deserialize, Serialize};
@@ -75,6 +75,9 @@ pub enum LayerSpec {
     BatchNorm {
         momentum: f32,
         epsilon: f32,
+        /// Absent from files of layers with a trainable scale.
+        #[serde(default = "with_bias", skip_serializing_if = "Clone::clone")]
+        scale: bool,
     },
     MaxPool2d {
         pool: (usize, usize),
@@ -87,6 +90,7 @@ pub enum LayerSpec {
         padding: Padding,
     },
     GlobalAvgPool,
+    GlobalMaxPool,
     Dropout {
         rate: f32,
     },
@@ -108,6 +112,8 @@ pub enum LayerSpec {
     Concat,
 }
 
+/// A serde default: files written before a layer could leave out its bias
+/// (or scale) have one.
 fn with_bias() -> bool {
     true
 }
@@ -123,6 +129,7 @@ impl LayerSpec {
             Self::MaxPool2d { .. } => "MaxPool2d",
             Self::AvgPool2d { .. } => "AvgPool2d",
             Self::GlobalAvgPool => "GlobalAvgPool",
+            Self::GlobalMaxPool => "GlobalMaxPool",
             Self::Dropout { .. } => "Dropout",
             Self::SpatialDropout { .. } => "SpatialDropout",
             Self::ReLU => "ReLU",
@@ -169,7 +176,11 @@ impl LayerSpec {
                     .bias(bias),
             ),
             Self::Flatten => Box::new(Flatten::default()),
-            Self::BatchNorm { momentum, epsilon } => Box::new(BatchNorm::new(momentum, epsilon)),
+            Self::BatchNorm {
+                momentum,
+                epsilon,
+                scale,
+            } => Box::new(BatchNorm::new(momentum, epsilon).scale(scale)),
             Self::MaxPool2d {
                 pool,
                 stride,
@@ -181,6 +192,7 @@ impl LayerSpec {
                 padding,
             } => Box::new(AvgPool2d::new(pool, stride, padding)),
             Self::GlobalAvgPool => Box::new(GlobalAvgPool::default()),
+            Self::GlobalMaxPool => Box::new(GlobalMaxPool::default()),
             Self::Dropout { rate } => Box::new(Dropout::new(rate)),
             Self::SpatialDropout { rate } => Box::new(SpatialDropout::new(rate)),
             Self::ReLU => Box::new(ReLU::default()),

@@ -11,9 +11,13 @@ use crate::ops::batchnorm::{
 use crate::tensor::{DType, Tensor};
 
 pub struct BatchNorm {
-    /// Running statistics: `running = momentum * running + (1 - momentum) * batch`.
+    /// Running statistics: `running = momentum * running + (1 - momentum) * batch`
+    /// (PyTorch's `momentum` is one minus this).
     pub momentum: f32,
     pub epsilon: f32,
+    /// Whether the scale `gamma` is a parameter. Without (airbench's frozen
+    /// weight), it stays 1 and is neither trained nor saved.
+    pub scale: bool,
     state: Option<NormState>,
     /// Channels (the input's last axis), from `build`.
     channels: usize,
@@ -44,6 +48,7 @@ impl BatchNorm {
         Self {
             momentum,
             epsilon,
+            scale: true,
             state: None,
             channels: 0,
             relu: false,
@@ -53,6 +58,13 @@ impl BatchNorm {
             grads: None,
             grad_outputs: None,
         }
+    }
+
+    /// With `false`, no trainable scale: `gamma` stays 1 (PyTorch's
+    /// `weight.requires_grad = False` at its initial value, as airbench).
+    pub fn scale(mut self, scale: bool) -> Self {
+        self.scale = scale;
+        self
     }
 
     fn state(&self) -> Result<&NormState> {
@@ -100,6 +112,7 @@ impl Layer for BatchNorm {
         LayerSpec::BatchNorm {
             momentum: self.momentum,
             epsilon: self.epsilon,
+            scale: self.scale,
         }
     }
 
@@ -149,9 +162,28 @@ impl Layer for BatchNorm {
     }
 
     fn set_grad_outputs(&mut self, outputs: Vec<Tensor>) {
-        self.grad_outputs = <[Tensor; 2]>::try_from(outputs)
-            .ok()
-            .map(|[dgamma, dbeta]| (dgamma, dbeta));
+        self.grad_outputs = match <[Tensor; 2]>::try_from(outputs) {
+            Ok([dgamma, dbeta]) => Some((dgamma, dbeta)),
+            // Without a trainable scale the kernels still write its gradient:
+            // into a buffer of the layer's own, made once.
+            Err(outputs) => match outputs.as_slice() {
+                [dbeta] if !self.scale => {
+                    let dgamma = match self.grad_outputs.take() {
+                        Some((dgamma, _)) if dgamma.device().same_as(&dbeta.device()) => {
+                            Some(dgamma)
+                        }
+                        _ => Tensor::from_f32(
+                            vec![self.channels],
+                            vec![0.0; self.channels],
+                            &dbeta.device(),
+                        )
+                        .ok(),
+                    };
+                    dgamma.map(|dgamma| (dgamma, dbeta.clone()))
+                }
+                _ => None,
+            },
+        };
     }
 
     fn end_step(&mut self) {
@@ -191,37 +223,49 @@ impl Layer for BatchNorm {
         let (Some(s), Some((dg, db))) = (self.state.as_mut(), self.grads.as_ref()) else {
             return Vec::new();
         };
-        vec![
-            Trainable {
-                value: &mut s.gamma,
-                grad: dg,
-                l1: 0.0,
-                l2: 0.0,
-                decays: false,
-            },
-            Trainable {
-                value: &mut s.beta,
-                grad: db,
-                l1: 0.0,
-                l2: 0.0,
-                decays: false,
-            },
-        ]
+        let beta = Trainable {
+            value: &mut s.beta,
+            grad: db,
+            l1: 0.0,
+            l2: 0.0,
+            decays: false,
+        };
+        if !self.scale {
+            return vec![beta];
+        }
+        let gamma = Trainable {
+            value: &mut s.gamma,
+            grad: dg,
+            l1: 0.0,
+            l2: 0.0,
+            decays: false,
+        };
+        vec![gamma, beta]
     }
 
-    /// gamma, beta and the two running statistics: 4 values a channel.
+    /// gamma (with a scale), beta and the two running statistics a channel.
     fn state_values(&self, input: &[usize]) -> Result<usize> {
-        state_size("BatchNorm", input, channels(input)?.checked_mul(4))
+        let per_channel = 3 + usize::from(self.scale);
+        state_size(
+            "BatchNorm",
+            input,
+            channels(input)?.checked_mul(per_channel),
+        )
     }
 
     fn state(&self) -> Vec<(&'static str, &Tensor)> {
         match &self.state {
-            Some(s) => vec![
-                ("gamma", &s.gamma),
-                ("beta", &s.beta),
-                ("running_mean", &s.running_mean),
-                ("running_var", &s.running_var),
-            ],
+            Some(s) => {
+                let gamma = self.scale.then_some(("gamma", &s.gamma));
+                gamma
+                    .into_iter()
+                    .chain([
+                        ("beta", &s.beta),
+                        ("running_mean", &s.running_mean),
+                        ("running_var", &s.running_var),
+                    ])
+                    .collect()
+            }
             None => Vec::new(),
         }
     }
@@ -236,8 +280,14 @@ impl Layer for BatchNorm {
                 reason: "layer not built".into(),
             })?;
         let slot = match name {
-            "gamma" => &mut s.gamma,
-            "beta" => &mut s.beta,
+            "gamma" if self.scale => &mut s.gamma,
+            "beta" => {
+                // An unsaved scale of ones follows beta to its device.
+                if !self.scale && !s.gamma.device().same_as(&tensor.device()) {
+                    s.gamma = s.gamma.to(&tensor.device())?;
+                }
+                &mut s.beta
+            }
             "running_mean" => &mut s.running_mean,
             "running_var" => &mut s.running_var,
             _ => {

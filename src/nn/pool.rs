@@ -1,4 +1,4 @@
-//! Pooling layers: max, average and global average.
+//! Pooling layers: max, average, global average and global max.
 
 use super::{Layer, LayerSpec, Mode, cached, hwc};
 use crate::conv::{ConvParams, ConvShapeMeta, Padding};
@@ -222,5 +222,54 @@ impl Layer for GlobalAvgPool {
         }
         let dims = input_dims(&self.input_dims, "GlobalAvgPool::backward")?;
         global_avg_pool_backward(dy, dims).map(Some)
+    }
+}
+
+/// `[N, H, W, C] -> [N, C]`: each channel's largest value, as PyTorch's
+/// `AdaptiveMaxPool2d(1)` then flatten. A max pool whose window is the whole
+/// input; the gradient goes to the first largest value of each channel.
+#[derive(Default)]
+pub struct GlobalMaxPool {
+    pool: Option<MaxPool2d>,
+    channels: usize,
+}
+
+impl GlobalMaxPool {
+    fn pool(&mut self) -> Result<&mut MaxPool2d> {
+        self.pool.as_mut().ok_or_else(|| AetherError::InvalidShape {
+            op: "GlobalMaxPool",
+            shape: vec![],
+            reason: "layer used before the model was finalized".into(),
+        })
+    }
+}
+
+impl Layer for GlobalMaxPool {
+    fn spec(&self) -> LayerSpec {
+        LayerSpec::GlobalMaxPool
+    }
+
+    fn build(&mut self, input: &[usize], seed: u64, device: &Device) -> Result<Vec<usize>> {
+        let [h, w, c] = hwc("GlobalMaxPool", input)?;
+        let mut pool = MaxPool2d::new((h, w), (h, w), Padding::Valid);
+        pool.build(input, seed, device)?;
+        (self.pool, self.channels) = (Some(pool), c);
+        Ok(vec![c])
+    }
+
+    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        let y = self.pool()?.forward(x, mode)?;
+        y.reshape(vec![y.dims()[0], self.channels])
+    }
+
+    fn end_step(&mut self) {
+        if let Some(pool) = &mut self.pool {
+            pool.end_step();
+        }
+    }
+
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let dy = dy.reshape(vec![dy.dims()[0], 1, 1, self.channels])?;
+        self.pool()?.backward(&dy, need_dx)
     }
 }
