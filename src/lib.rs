@@ -14,6 +14,7 @@ pub mod diagnostics;
 pub mod error;
 pub mod gpu;
 pub mod graph;
+pub mod import;
 pub mod io;
 pub mod model;
 pub mod nn;

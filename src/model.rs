@@ -1287,6 +1287,78 @@ impl Model {
         self.load_tensors(path, &file)
     }
 
+    /// Every tensor [`Model::save`] writes (parameters and statistics), named
+    /// as in the file (`layers.{i}.{name}`), on the model's device.
+    pub fn tensors(&self) -> Result<Vec<(String, Tensor)>> {
+        self.input_shape()?;
+        Ok(self
+            .layers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, layer)| {
+                layer
+                    .state()
+                    .into_iter()
+                    .map(move |(name, t)| (format!("layers.{i}.{name}"), t.clone()))
+            })
+            .collect())
+    }
+
+    /// Replaces the named tensors (as [`Model::tensors`] names them) with
+    /// `values` of the same element count: an initialisation of one's own,
+    /// or weights from elsewhere. Every name and size is checked before any
+    /// tensor is replaced, so an error leaves the model as it was. The
+    /// optimizer keeps its moments.
+    pub fn set_tensors(&mut self, values: &[(String, Vec<f32>)]) -> Result<()> {
+        let current = self.tensors()?;
+        let mut replaced: Vec<(usize, &'static str, Tensor)> = Vec::with_capacity(values.len());
+        for (name, data) in values {
+            let Some((_, now)) = current.iter().find(|(n, _)| n == name) else {
+                return Err(model_err(format!(
+                    "no tensor {name:?}; the model's are {:?}",
+                    current.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()
+                )));
+            };
+            if data.len() != now.numel() {
+                return Err(model_err(format!(
+                    "tensor {name} holds {} values ({:?}), given {}",
+                    now.numel(),
+                    now.dims(),
+                    data.len()
+                )));
+            }
+            if let Some(bad) = data.iter().find(|v| !v.is_finite()) {
+                return Err(model_err(format!(
+                    "tensor {name}: value {bad} is not finite"
+                )));
+            }
+            if name.ends_with(".running_var")
+                && let Some(bad) = data.iter().find(|&&v| v < 0.0)
+            {
+                return Err(model_err(format!(
+                    "tensor {name}: variance {bad} is negative"
+                )));
+            }
+            let (layer, short) = name
+                .strip_prefix("layers.")
+                .and_then(|rest| rest.split_once('.'))
+                .and_then(|(i, short)| Some((i.parse::<usize>().ok()?, short)))
+                .expect("names come from tensors()");
+            let short = self.layers[layer]
+                .state()
+                .into_iter()
+                .map(|(n, _)| n)
+                .find(|n| *n == short)
+                .expect("names come from tensors()");
+            let t = Tensor::from_f32(now.dims().to_vec(), data.clone(), &self.device)?;
+            replaced.push((layer, short, t));
+        }
+        for (layer, name, t) in replaced {
+            self.layers[layer].set_state(name, t)?;
+        }
+        Ok(())
+    }
+
     /// Checks every tensor against the built model before replacing any, so a
     /// bad file leaves the model as it was.
     fn load_tensors(&mut self, path: &Path, file: &safetensors::SafeTensors) -> Result<()> {

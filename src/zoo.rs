@@ -50,22 +50,7 @@ pub fn cifar10_v1(seed: u64) -> Model {
 /// cross-entropy and AdamW (lr 1e-3, weight decay 0.01). Call
 /// `finalize(&[32, 32, 3])` afterwards.
 pub fn resnet18_cifar(classes: usize, seed: u64) -> Model {
-    let mut g = Graph::new();
-    let x = g.input();
-    let mut h = conv_bn(&mut g, x, 64, (3, 3), 1);
-    h = g.add(ReLU::default(), &[h]);
-    let mut channels = 64;
-    for (stage, width) in [64, 128, 256, 512].into_iter().enumerate() {
-        for block in 0..2 {
-            let stride = if stage > 0 && block == 0 { 2 } else { 1 };
-            h = basic_block(&mut g, h, channels, width, stride);
-            channels = width;
-        }
-    }
-    let pooled = g.add(GlobalAvgPool::default(), &[h]);
-    let flat = g.add(Flatten::default(), &[pooled]);
-    g.add(Dense::new(classes), &[flat]);
-    let mut model = Model::from_graph(g).seed(seed);
+    let mut model = Model::from_graph(resnet18_graph(classes).0).seed(seed);
     model.configure(
         Loss::SoftmaxCrossEntropy {
             label_smoothing: 0.05,
@@ -76,14 +61,77 @@ pub fn resnet18_cifar(classes: usize, seed: u64) -> Model {
     model
 }
 
+/// `(aether tensor, PyTorch state_dict entry)` for [`resnet18_cifar`] and the
+/// usual PyTorch CIFAR ResNet-18 (modules `conv1`, `bn1`,
+/// `layer{1-4}.{0,1}.{conv1,bn1,conv2,bn2,shortcut.0,shortcut.1}`, `linear`),
+/// for [`crate::import::load_pytorch_state_dict`].
+pub fn resnet18_cifar_pytorch_names(classes: usize) -> Vec<(String, String)> {
+    resnet18_graph(classes).1.0
+}
+
+fn resnet18_graph(classes: usize) -> (Graph, TorchNames) {
+    let mut g = Graph::new();
+    let mut names = TorchNames::default();
+    let x = g.input();
+    let mut h = conv_bn(&mut g, &mut names, x, 64, (3, 3), 1, ["conv1", "bn1"]);
+    h = g.add(ReLU::default(), &[h]);
+    let mut channels = 64;
+    for (stage, width) in [64, 128, 256, 512].into_iter().enumerate() {
+        for block in 0..2 {
+            let stride = if stage > 0 && block == 0 { 2 } else { 1 };
+            let module = format!("layer{}.{block}", stage + 1);
+            h = basic_block(&mut g, &mut names, &module, h, channels, width, stride);
+            channels = width;
+        }
+    }
+    let pooled = g.add(GlobalAvgPool::default(), &[h]);
+    let flat = g.add(Flatten::default(), &[pooled]);
+    let head = g.add(Dense::new(classes), &[flat]);
+    names.layer(head, "linear", &[("kernel", "weight"), ("bias", "bias")]);
+    (g, names)
+}
+
+/// The PyTorch names of a zoo model's tensors, recorded as its graph is built.
+#[derive(Default)]
+struct TorchNames(Vec<(String, String)>);
+
+impl TorchNames {
+    /// Layer `node`'s tensors `(aether, PyTorch)` under PyTorch module `module`.
+    fn layer(&mut self, node: NodeId, module: &str, tensors: &[(&str, &str)]) {
+        let NodeId::Layer(i) = node else {
+            unreachable!("zoo graphs name layers, not the input")
+        };
+        for (mine, theirs) in tensors {
+            self.0
+                .push((format!("layers.{i}.{mine}"), format!("{module}.{theirs}")));
+        }
+    }
+
+    fn batch_norm(&mut self, node: NodeId, module: &str) {
+        self.layer(
+            node,
+            module,
+            &[
+                ("gamma", "weight"),
+                ("beta", "bias"),
+                ("running_mean", "running_mean"),
+                ("running_var", "running_var"),
+            ],
+        );
+    }
+}
+
 /// A conv ('same' padding, so a stride-2 3x3 conv pads one pixel each side as
-/// PyTorch's `padding=1` does) without bias, followed by BatchNorm.
+/// PyTorch's `padding=1` does) without bias, followed by BatchNorm; `modules`
+/// are their PyTorch names.
 fn conv_bn(
     g: &mut Graph,
+    names: &mut TorchNames,
     x: NodeId,
     filters: usize,
     kernel: (usize, usize),
     stride: usize,
+    [conv_module, norm_module]: [&str; 2],
 ) -> NodeId {
     let padding = if kernel == (1, 1) {
         Padding::Valid
@@ -96,17 +144,46 @@ fn conv_bn(
             .bias(false),
         &[x],
     );
-    g.add(BatchNorm::new(0.9, 1e-5), &[conv])
+    names.layer(conv, conv_module, &[("kernel", "weight")]);
+    let norm = g.add(BatchNorm::new(0.9, 1e-5), &[conv]);
+    names.batch_norm(norm, norm_module);
+    norm
 }
 
 /// ResNet's basic block: two 3x3 conv+BN with a ReLU between, plus the
 /// shortcut (the input, or a 1x1 conv+BN where the shape changes), then ReLU.
-fn basic_block(g: &mut Graph, x: NodeId, in_channels: usize, out: usize, stride: usize) -> NodeId {
-    let a = conv_bn(g, x, out, (3, 3), stride);
+fn basic_block(
+    g: &mut Graph,
+    names: &mut TorchNames,
+    module: &str,
+    x: NodeId,
+    in_channels: usize,
+    out: usize,
+    stride: usize,
+) -> NodeId {
+    let sub = |name: &str| format!("{module}.{name}");
+    let a = conv_bn(
+        g,
+        names,
+        x,
+        out,
+        (3, 3),
+        stride,
+        [&sub("conv1"), &sub("bn1")],
+    );
     let a = g.add(ReLU::default(), &[a]);
-    let a = conv_bn(g, a, out, (3, 3), 1);
+    let a = conv_bn(g, names, a, out, (3, 3), 1, [&sub("conv2"), &sub("bn2")]);
     let shortcut = if stride != 1 || in_channels != out {
-        conv_bn(g, x, out, (1, 1), stride)
+        let modules = [&sub("shortcut.0"), &sub("shortcut.1")];
+        conv_bn(
+            g,
+            names,
+            x,
+            out,
+            (1, 1),
+            stride,
+            modules.map(String::as_str),
+        )
     } else {
         x
     };
