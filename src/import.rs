@@ -157,8 +157,9 @@ mod tests {
             })
             .collect();
         let out = to_aether_layout(&torch, &[2, 3, 1, 2], &[1, 2, 3, 2]).unwrap();
-        // aether [R, S, I, O]: element (0, s=1, i=2, o=1).
-        assert_eq!(out[((1) * 3 + 2) * 2 + 1], 1201.0);
+        // aether [R, S, I, O]: element (r=0, s=1, i=2, o=1), at (s * 3 + i) * 2 + o.
+        let (s, i, o) = (1, 2, 1);
+        assert_eq!(out[(s * 3 + i) * 2 + o], 1201.0);
         let linear: Vec<f32> = (0..6).map(|v| v as f32).collect(); // [O=2, I=3]
         let out = to_aether_layout(&linear, &[2, 3], &[1, 1, 3, 2]).unwrap();
         assert_eq!(out, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
