@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use super::init::he_normal;
+use super::init::{dirac_leading_filters, he_normal};
 use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc, state_size};
 use crate::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
@@ -35,6 +35,9 @@ pub struct Conv2d {
     /// Whether the bias is a parameter. Without, the kernels add a zero bias
     /// that is neither trained nor saved.
     pub bias: bool,
+    /// Whether `build` starts the leading filters as the identity (see
+    /// [`Conv2d::dirac`]); the rest, and every filter otherwise, He-normal.
+    pub dirac: bool,
     weights: Option<ConvWeights>,
     input: Option<Tensor>,
     grads: Option<(Tensor, Tensor)>,
@@ -64,6 +67,7 @@ impl Conv2d {
             bias_l1: 0.0,
             bias_l2: 0.0,
             bias: true,
+            dirac: false,
             weights: None,
             input: None,
             grads: None,
@@ -86,6 +90,15 @@ impl Conv2d {
     /// With `false`, no bias parameter (as PyTorch's `bias=False`).
     pub fn bias(mut self, bias: bool) -> Self {
         self.bias = bias;
+        self
+    }
+
+    /// With `true`, the first `min(C_in, filters)` filters start as the
+    /// identity, each passing its own input channel through its centre tap
+    /// (PyTorch's `nn.init.dirac_` on them): the conv starts as an implicit
+    /// residual, as airbench's do. The other filters are He-initialised.
+    pub fn dirac(mut self, dirac: bool) -> Self {
+        self.dirac = dirac;
         self
     }
 
@@ -175,11 +188,11 @@ impl Layer for Conv2d {
             )?;
         }
         let (params, meta) = self.geometry(input)?;
-        let kernel = Tensor::from_f32(
-            meta.weight_dims().to_vec(),
-            he_normal(meta.k * self.filters, meta.k, seed),
-            device,
-        )?;
+        let mut values = he_normal(meta.k * self.filters, meta.k, seed);
+        if self.dirac {
+            dirac_leading_filters(&mut values, meta.weight_dims());
+        }
+        let kernel = Tensor::from_f32(meta.weight_dims().to_vec(), values, device)?;
         let bias = Tensor::from_f32(vec![self.filters], vec![0.0; self.filters], device)?;
         self.weights = Some(ConvWeights {
             params,

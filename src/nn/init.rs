@@ -20,3 +20,21 @@ pub(crate) fn he_normal(len: usize, fan_in: usize, seed: u64) -> Vec<f32> {
         })
         .collect()
 }
+
+/// Sets the first `min(c_in, c_out)` filters of an `[R, S, C_in, C_out]`
+/// kernel to the identity (1 at the centre tap of their own channel, 0
+/// elsewhere), leaving the others: PyTorch's `dirac_(w[:c_in])`, which
+/// airbench uses to start each conv as an implicit residual.
+pub(crate) fn dirac_leading_filters(kernel: &mut [f32], [r, s, c_in, c_out]: [usize; 4]) {
+    let (cr, cs) = (r / 2, s / 2);
+    for o in 0..c_in.min(c_out) {
+        for rr in 0..r {
+            for ss in 0..s {
+                for i in 0..c_in {
+                    let centre = (rr, ss, i) == (cr, cs, o);
+                    kernel[((rr * s + ss) * c_in + i) * c_out + o] = f32::from(u8::from(centre));
+                }
+            }
+        }
+    }
+}

@@ -1,43 +1,11 @@
-//! Reference models.
+//! The standard CIFAR ResNet-18, as a graph with residual adds.
 
+use super::TorchNames;
 use crate::conv::Padding;
 use crate::graph::{Graph, NodeId};
 use crate::model::{Loss, Metric, Model};
-use crate::nn::{
-    Add, BatchNorm, Conv2d, Dense, Flatten, GlobalAvgPool, MaxPool2d, ReLU, SpatialDropout,
-};
+use crate::nn::{Add, BatchNorm, Conv2d, Dense, Flatten, GlobalAvgPool, ReLU};
 use crate::optim::Adam;
-
-/// The Aether-ML v1 CIFAR-10 model: five 3x3 'same' convs 3-32-32-64-64-128,
-/// each with BatchNorm and ReLU, a 2x2 max-pool and spatial dropout (0.1, 0.15,
-/// 0.2) after convs 2, 4 and 5, global average pooling and a dense 128 -> 10
-/// head on logits; label-smoothed (0.05) softmax cross-entropy, AdamW (lr 1e-3,
-/// weight decay 0.01). BatchNorm uses momentum 0.9 and epsilon 1e-5, PyTorch's
-/// defaults, as in the PyTorch reference the step times are compared against.
-/// Call `finalize(&[H, W, 3])` (CIFAR: 32x32) afterwards.
-pub fn cifar10_v1(seed: u64) -> Model {
-    let mut model = Model::new().seed(seed);
-    let stages: [(&[usize], f32); 3] = [(&[32, 32], 0.1), (&[64, 64], 0.15), (&[128], 0.2)];
-    for (filters, dropout) in stages {
-        for &f in filters {
-            model.add(Conv2d::new(f, (3, 3), Padding::Same));
-            model.add(BatchNorm::new(0.9, 1e-5));
-            model.add(ReLU::default());
-        }
-        model.add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid));
-        model.add(SpatialDropout::new(dropout));
-    }
-    model.add(GlobalAvgPool::default());
-    model.add(Dense::new(10));
-    model.configure(
-        Loss::SoftmaxCrossEntropy {
-            label_smoothing: 0.05,
-        },
-        Adam::adamw(1e-3, 0.01),
-        Metric::CategoricalAccuracy,
-    );
-    model
-}
 
 /// The standard CIFAR ResNet-18 (He et al. 2016, as in the common CIFAR
 /// reimplementations): a 3x3 stem of 64 channels, four stages of two basic
@@ -46,7 +14,7 @@ pub fn cifar10_v1(seed: u64) -> Model {
 /// global average pooling and a dense head of `classes` logits. Every conv is
 /// without bias and followed by BatchNorm (momentum 0.9, epsilon 1e-5,
 /// PyTorch's defaults): 11,173,962 parameters for 10 classes, as PyTorch's.
-/// Configured like [`cifar10_v1`]: label-smoothed (0.05) softmax
+/// Configured like [`super::cifar10_v1`]: label-smoothed (0.05) softmax
 /// cross-entropy and AdamW (lr 1e-3, weight decay 0.01). Call
 /// `finalize(&[32, 32, 3])` afterwards.
 pub fn resnet18_cifar(classes: usize, seed: u64) -> Model {
@@ -89,36 +57,6 @@ fn resnet18_graph(classes: usize) -> (Graph, TorchNames) {
     let head = g.add(Dense::new(classes), &[flat]);
     names.layer(head, "linear", &[("kernel", "weight"), ("bias", "bias")]);
     (g, names)
-}
-
-/// The PyTorch names of a zoo model's tensors, recorded as its graph is built.
-#[derive(Default)]
-struct TorchNames(Vec<(String, String)>);
-
-impl TorchNames {
-    /// Layer `node`'s tensors `(aether, PyTorch)` under PyTorch module `module`.
-    fn layer(&mut self, node: NodeId, module: &str, tensors: &[(&str, &str)]) {
-        let NodeId::Layer(i) = node else {
-            unreachable!("zoo graphs name layers, not the input")
-        };
-        for (mine, theirs) in tensors {
-            self.0
-                .push((format!("layers.{i}.{mine}"), format!("{module}.{theirs}")));
-        }
-    }
-
-    fn batch_norm(&mut self, node: NodeId, module: &str) {
-        self.layer(
-            node,
-            module,
-            &[
-                ("gamma", "weight"),
-                ("beta", "bias"),
-                ("running_mean", "running_mean"),
-                ("running_var", "running_var"),
-            ],
-        );
-    }
 }
 
 /// A conv ('same' padding, so a stride-2 3x3 conv pads one pixel each side as
