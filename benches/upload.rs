@@ -1,6 +1,6 @@
 //! Host time to put a v1 CIFAR-10 batch (256 x 32x32x3 f32 values) on the GPU:
 //! the part of a training step the host spends before it records any kernel
-//! (docs/perf-notes.md, entry 68). Each iteration uploads one batch and only
+//! (docs/lab/perf-notes.md, entry 68). Each iteration uploads one batch and only
 //! that is timed; every 8th then waits for the GPU, untimed, so wgpu's staging
 //! memory is recycled as in training.
 //!

@@ -10,7 +10,7 @@
 //! one compute pass timed at its two ends (`GpuContext::timed_span`), as the
 //! reference replays its 20 calls as one CUDA graph. `cifar10_breakdown` times
 //! each dispatch in a pass of its own inside a real step instead. The table has
-//! the breakdown's layout, so `.ci/conv-verdict.awk` sets it against the
+//! the breakdown's layout, so `tools/conv-verdict.awk` sets it against the
 //! reference's. `--parts` also times each backward without its dinput (dweight
 //! and its reduce) and prints, after the table, `parts` lines with that and the
 //! rest (dinput, with the filter flip its halo kernel reads), as
@@ -154,7 +154,7 @@ fn main() -> Result<()> {
     }
     println!("{:<32} {total:>10.4} ms (fwd+bwd)", "all convs");
     if args.parts {
-        // `parts` first, so .ci/conv-verdict.awk (which matches `Conv2d` as the
+        // `parts` first, so tools/conv-verdict.awk (which matches `Conv2d` as the
         // second field) leaves these lines alone.
         println!(
             "parts {:<5} {:<26} {:>14} {:>14}",

@@ -16,7 +16,7 @@
 //! around one compute pass, `GpuContext::timed_span`) after one untimed; the
 //! kernels compile through the context's pipeline cache. The table's TFLOP/s set the conv
 //! passes' own (`conv_passes`) against what each layer of the kernels allows
-//! (docs/perf-notes.md, entry 81).
+//! (docs/lab/perf-notes.md, entry 81).
 
 use std::time::Instant;
 

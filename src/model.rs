@@ -583,7 +583,7 @@ impl Model {
     }
 
     /// How host batches go to the device: F16 where the first layer rounds its
-    /// input to f16 anyway, half the bytes (docs/perf-notes.md, entry 49), else
+    /// input to f16 anyway, half the bytes (docs/lab/perf-notes.md, entry 49), else
     /// F32. A batch for [`Model::train_tensors`] made with this type (by
     /// [`Tensor::from_f32_rows`]) trains exactly as [`Model::train_batch`] would.
     pub fn input_dtype(&self) -> DType {

@@ -172,7 +172,7 @@ impl CoopBlock {
             k_tiles,
         };
         // Measured on the H200 per layer of the v1 model at batch 256
-        // (docs/perf-notes.md, entry 13): 16 subgroups of 2x1 or 2x2 tiles
+        // (docs/lab/perf-notes.md, entry 13): 16 subgroups of 2x1 or 2x2 tiles
         // (256 x 32 or 256 x 64 outputs) for tall forward and dinput GEMMs;
         // 128 x 128 where fewer rows would leave the GPU part idle with
         // 256-row blocks; dweight (a few hundred rows, a long split

@@ -15,7 +15,7 @@ use crate::gpu::GpuCapabilities;
 /// GEMM core runs), a number pins the output positions of its blocks.
 pub const DWEIGHT_HALO_ENV: &str = "AETHER_DWEIGHT_HALO";
 
-/// Output positions per block. Measured on the H200 (docs/perf-notes.md,
+/// Output positions per block. Measured on the H200 (docs/lab/perf-notes.md,
 /// entry 54): 64 made the v1 model's 32->32, 32->64 and 64->64 dweights
 /// 50%, 24% and 10% faster than the GEMM core; 32, 128 and 256 less so.
 const BLOCK_POSITIONS: usize = 64;

@@ -33,7 +33,7 @@ pub const STACK_ENV: &str = "AETHER_HALO_STACK";
 /// Environment variable for tuning: `1` stages every step's taps in one
 /// buffer (two barriers a step), `2` in two taken in turn where they fit (one
 /// barrier a step, one more a chunk); unset, two where they fit. On an H100
-/// (docs/perf-notes.md, entry 83) two took the v1 model's 32x32x32->32
+/// (docs/lab/perf-notes.md, entry 83) two took the v1 model's 32x32x32->32
 /// forward 49.8 -> 48.2 us and its 8x8x64->128 forward 22.1 -> 21.6; the
 /// 16 x 16 convs' blocks leave no room for a second buffer.
 pub const TAP_BUFFERS_ENV: &str = "AETHER_HALO_TAP_BUFFERS";
@@ -54,7 +54,7 @@ pub struct Narrow {
 impl Narrow {
     /// The forward's: 4 channel tiles over 8 x 2 subgroups, 3 taps a
     /// step (37.6 KiB at tile 16; 32 channels a stage would take 53, and so
-    /// would 32 positions). On an H100 (docs/perf-notes.md, entry 82) the v1
+    /// would 32 positions). On an H100 (docs/lab/perf-notes.md, entry 82) the v1
     /// model's 8x8x64->128 forward took 22.2 us against the GEMM core's 24.7:
     /// the block stages 2.5 input pixels per output, where the core's im2col
     /// stages 9; 20 other blocks (8 positions, 2 or 8 channel tiles, 1 or 9
@@ -83,7 +83,7 @@ impl Narrow {
 
 /// Workgroups per compute unit the halo kernels launch at most, where the
 /// adapter's count of units is known (else one per block). Measured on the
-/// H200 (docs/perf-notes.md, entry 61): the large bench shape's forward
+/// H200 (docs/lab/perf-notes.md, entry 61): the large bench shape's forward
 /// 139.8 -> 157.2 TFLOP/s at 2 (155.7 at 1, 152.9 at 3, 156.3 at 4): a
 /// workgroup that goes on to its next block fetches that block's halo while
 /// it multiplies the last step of the one before, where a fresh workgroup
@@ -94,7 +94,7 @@ pub const GROUPS_PER_UNIT: u32 = 2;
 
 /// The blocks the rule tries, in order: (output positions, output-channel
 /// tiles, subgroups, columns of subgroups splitting the channel tiles). Swept
-/// on the H200 (docs/perf-notes.md, entries 53, 55, 57 and 58): 256 positions
+/// on the H200 (docs/lab/perf-notes.md, entries 53, 55, 57 and 58): 256 positions
 /// by 4 channel tiles over 8 x 2 subgroups took the v1 model's 32 -> 64 and
 /// 64 -> 64 forwards 19% and 22% below 128 x 2 tiles over 8 x 1 subgroups, and
 /// the large bench shape (56 x 56 x 64 -> 64) 50% above the GEMM core's
@@ -599,7 +599,7 @@ impl HaloBlock {
     /// them: as many as fit within `groups` while each takes two blocks, so
     /// its second block's halo is fetched while it multiplies the first. On
     /// an H100 the v1 model's 16 x 16 convs (256 blocks) ran 3-6% faster on
-    /// 132 workgroups than on 256 (docs/perf-notes.md, entry 64).
+    /// 132 workgroups than on 256 (docs/lab/perf-notes.md, entry 64).
     pub fn grid(&self, meta: &ConvShapeMeta) -> [usize; 3] {
         let blocks = self.blocks(meta);
         let [fewest, most] = self.groups.map(|g| g as usize);

@@ -8,7 +8,7 @@
 //! 32, ... more dispatches, so the GPU starts on the first kernels while the
 //! host records the rest. A caller that reads the loss every step waits for
 //! each step, and an idle GPU would otherwise wait for the whole step to be
-//! recorded (docs/perf-notes.md, entry 48). Work recorded while earlier work
+//! recorded (docs/lab/perf-notes.md, entry 48). Work recorded while earlier work
 //! is still running stays one submission: the GPU is busy anyway.
 //!
 //! Binding convention for every kernel: storage buffers at `@group(0)

@@ -244,7 +244,7 @@ impl PipelineCache {
 ///   aether's WGSL is bounded by constants, uniforms or buffer sizes. The
 ///   counter naga would add to each loop keeps the driver from unrolling
 ///   fixed-count loops, which sends register arrays to memory
-///   (docs/perf-notes.md, entry 4).
+///   (docs/lab/perf-notes.md, entry 4).
 /// - On Vulkan, unless `keep_index_checks`, no index clamping either (about
 ///   4% of the conv passes on an H100, entry 83). Reads and writes of buffers
 ///   stay bounded there by the driver's robust buffer access, a feature every
