@@ -26,6 +26,9 @@
 //! SpatialDropout as its own layer (`Model::fuse_dropout(false)`). On the CPU
 //! path only the step time is measured (no timestamps there).
 
+#[path = "shared/xdg.rs"]
+mod xdg;
+
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -139,6 +142,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    xdg::quiet_missing_runtime_dir();
     let args = Args::parse().unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2);

@@ -17,6 +17,9 @@
 //! `benches/pytorch_reference.py --parts` prints cuDNN's wgrad + bias grad and
 //! dgrad.
 
+#[path = "shared/xdg.rs"]
+mod xdg;
+
 use aether::conv::Padding;
 use aether::gpu::DevicePreference;
 use aether::nn::{Conv2d, Layer, Mode};
@@ -87,6 +90,7 @@ fn median(mut samples: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
+    xdg::quiet_missing_runtime_dir();
     let args = Args::parse().unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2);

@@ -18,6 +18,9 @@
 //! passes' own (`conv_passes`) against what each layer of the kernels allows
 //! (docs/lab/perf-notes.md, entry 81).
 
+#[path = "shared/xdg.rs"]
+mod xdg;
+
 use std::time::Instant;
 
 use aether::gpu::{GpuContext, GpuOptions, GpuSlice, PipelineKey};
@@ -421,6 +424,7 @@ fn gpu_error(message: String) -> AetherError {
 }
 
 fn main() -> Result<()> {
+    xdg::quiet_missing_runtime_dir();
     let args = Args::parse().unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2);
