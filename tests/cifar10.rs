@@ -16,10 +16,10 @@ mod run;
 use std::path::{Path, PathBuf};
 
 use aether::datasets::cifar10::{CLASS_NAMES, RECORD_BYTES, TEST_FILE, TRAIN_FILES, load_cifar10};
-use args::Cifar10Args;
-use run::{SYNTHETIC_TEST_SEED, run};
 use aether::gpu::DevicePreference;
 use aether::{AetherError, Device, Model};
+use args::Cifar10Args;
+use run::{SYNTHETIC_TEST_SEED, run};
 
 /// A fresh, empty folder under the system temp dir, removed when dropped.
 struct TempDir(PathBuf);

@@ -202,8 +202,12 @@ fn synthetic(limit: Option<usize>) -> Result<Cifar10> {
     let train = limit.map_or(SYNTHETIC_TRAIN, |l| l.min(SYNTHETIC_TRAIN));
     let (train_x, train_y) =
         aether::data::synthetic_images(train, IMAGE_SIDE, IMAGE_SIDE, SYNTHETIC_TRAIN_SEED)?;
-    let (test_x, test_y) =
-        aether::data::synthetic_images(SYNTHETIC_TEST, IMAGE_SIDE, IMAGE_SIDE, SYNTHETIC_TEST_SEED)?;
+    let (test_x, test_y) = aether::data::synthetic_images(
+        SYNTHETIC_TEST,
+        IMAGE_SIDE,
+        IMAGE_SIDE,
+        SYNTHETIC_TEST_SEED,
+    )?;
     println!(
         "data: no --data DIR and no AETHER_CIFAR10, so this trains on a SYNTHETIC 10-class set \
          ({train} train / {SYNTHETIC_TEST} test images, 32x32x3, generated in code). \
