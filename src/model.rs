@@ -54,7 +54,7 @@ pub struct TrainOptions<'a> {
     /// Steps between loss read-backs (progress and divergence check).
     pub log_every: usize,
     /// Show each epoch's progress on stderr: a bar on a terminal, a plain
-    /// line every 10 s elsewhere ([`Progress`](crate::progress::Progress)).
+    /// line every 10 s elsewhere ([`Progress`]).
     pub progress: bool,
     /// Save the model while training; `None` saves nothing.
     pub checkpoint: Option<Checkpoint>,
