@@ -74,8 +74,8 @@ pub(crate) struct Batch {
 }
 
 /// Dispatches in the first early submission after the GPU fell idle; each
-/// later one takes twice as many. Runs on the H200 (entry 48): the first
-/// after 4, 8 or 16 dispatches made a synchronised v1 step 0.12-0.15 ms faster.
+/// later one takes twice as many, so the GPU starts early without a
+/// submission per dispatch (docs/lab/perf-notes.md, entry 48).
 const FIRST_EARLY_SUBMIT: usize = 8;
 
 impl Batch {
