@@ -153,10 +153,12 @@ impl GpuContext {
         self.bind_groups.created()
     }
 
+    #[doc(hidden)]
     pub fn pipelines(&self) -> &PipelineCache {
         &self.pipelines
     }
 
+    #[doc(hidden)]
     pub fn pool(&self) -> &BufferPool {
         &self.pool
     }
