@@ -16,10 +16,14 @@ const DIMS: [usize; 4] = [256, 32, 32, 3];
 
 fn main() {
     // The upload to a GPU is what is timed: any adapter, lavapipe included.
-    let Some(ctx) = Device::gpu().ok().and_then(|d| d.gpu_context().cloned()) else {
+    let Ok(device) = Device::gpu() else {
         eprintln!("no GPU adapter: nothing to upload to");
         return;
     };
+    let ctx = device
+        .gpu_context()
+        .cloned()
+        .expect("Device::gpu() is a GPU");
     let n: usize = DIMS.iter().product();
     let x: Vec<f32> = (0..n)
         .map(|i| (i * 7919 % 65521) as f32 / 65521.0 - 0.5)
