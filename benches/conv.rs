@@ -12,7 +12,7 @@
 //! holds them), so they compare with cuDNN's per-call times in BENCHMARKS.md.
 //! dinput reads the filter flipped beforehand where its halo kernel runs, as a
 //! training step's dweight reduce writes it (until stop 33 its time included a
-//! flip dispatch: docs/perf-notes.md, entry 86).
+//! flip dispatch: docs/lab/perf-notes.md, entry 86).
 //! Throughput is given in elements/s where **one element is one floating-point
 //! operation** of the GEMM (2 per multiply-add): `Gelem/s` reads as GFLOP/s.
 //! The cast bench's throughput is in bytes read and written.
@@ -199,7 +199,7 @@ fn bench_variant(c: &mut Criterion, device: &Device, variant: Option<ConvVariant
         // The filter flipped once, as a training step's dweight reduce writes
         // it: `conv2d_dinput` would flip it in a dispatch of its own each call
         // where the halo kernel runs, and the GEMM core reads it unflipped
-        // (docs/perf-notes.md, entry 86).
+        // (docs/lab/perf-notes.md, entry 86).
         let flipped = dinput_flipped_filter(&ops.w, m.input_dims(), p, &plans)
             .expect("dinput's flipped filter");
         bench(

@@ -294,7 +294,7 @@ def main():
     total = sum(c["forward_ms"] + c["backward_ms"] for c in convs)
     print(f"{'all convs':<32} {total:>10.4f} ms (fwd+bwd)")
     if args.parts:
-        # `parts` first, so .ci/conv-verdict.awk (which matches `Conv2d` as the
+        # `parts` first, so tools/conv-verdict.awk (which matches `Conv2d` as the
         # second field) leaves these lines alone.
         print(f"parts {'layer':<5} {'conv':<26} {'wgrad+bias ms':>13} {'dgrad ms':>10}")
         for c in convs:

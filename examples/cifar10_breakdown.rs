@@ -26,6 +26,9 @@
 //! SpatialDropout as its own layer (`Model::fuse_dropout(false)`). On the CPU
 //! path only the step time is measured (no timestamps there).
 
+#[path = "shared/xdg.rs"]
+mod xdg;
+
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -139,6 +142,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    xdg::quiet_missing_runtime_dir();
     let args = Args::parse().unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2);
@@ -184,7 +188,7 @@ fn run(args: &Args) -> Result<()> {
     let first_step_ms = first.elapsed().as_secs_f64() * 1e3;
     // Warm up for at least a second: the first process on a fresh device
     // machine measured 12-14 ms synchronised steps after only 3 warm-up steps,
-    // 5.3-5.4 ms in the next process (docs/perf-notes.md, entry 9).
+    // 5.3-5.4 ms in the next process (docs/lab/perf-notes.md, entry 9).
     let warm_up = Instant::now();
     let mut steps = 0;
     while steps < 3 || warm_up.elapsed().as_secs_f64() < 1.0 {

@@ -10,12 +10,15 @@
 //! one compute pass timed at its two ends (`GpuContext::timed_span`), as the
 //! reference replays its 20 calls as one CUDA graph. `cifar10_breakdown` times
 //! each dispatch in a pass of its own inside a real step instead. The table has
-//! the breakdown's layout, so `.ci/conv-verdict.awk` sets it against the
+//! the breakdown's layout, so `tools/conv-verdict.awk` sets it against the
 //! reference's. `--parts` also times each backward without its dinput (dweight
 //! and its reduce) and prints, after the table, `parts` lines with that and the
 //! rest (dinput, with the filter flip its halo kernel reads), as
 //! `benches/pytorch_reference.py --parts` prints cuDNN's wgrad + bias grad and
 //! dgrad.
+
+#[path = "shared/xdg.rs"]
+mod xdg;
 
 use aether::conv::Padding;
 use aether::gpu::DevicePreference;
@@ -87,6 +90,7 @@ fn median(mut samples: Vec<f64>) -> f64 {
 }
 
 fn main() -> Result<()> {
+    xdg::quiet_missing_runtime_dir();
     let args = Args::parse().unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2);
@@ -154,7 +158,7 @@ fn main() -> Result<()> {
     }
     println!("{:<32} {total:>10.4} ms (fwd+bwd)", "all convs");
     if args.parts {
-        // `parts` first, so .ci/conv-verdict.awk (which matches `Conv2d` as the
+        // `parts` first, so tools/conv-verdict.awk (which matches `Conv2d` as the
         // second field) leaves these lines alone.
         println!(
             "parts {:<5} {:<26} {:>14} {:>14}",

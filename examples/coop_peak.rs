@@ -16,7 +16,10 @@
 //! around one compute pass, `GpuContext::timed_span`) after one untimed; the
 //! kernels compile through the context's pipeline cache. The table's TFLOP/s set the conv
 //! passes' own (`conv_passes`) against what each layer of the kernels allows
-//! (docs/perf-notes.md, entry 81).
+//! (docs/lab/perf-notes.md, entry 81).
+
+#[path = "shared/xdg.rs"]
+mod xdg;
 
 use std::time::Instant;
 
@@ -421,6 +424,7 @@ fn gpu_error(message: String) -> AetherError {
 }
 
 fn main() -> Result<()> {
+    xdg::quiet_missing_runtime_dir();
     let args = Args::parse().unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2);

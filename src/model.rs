@@ -23,6 +23,7 @@ use crate::ops::loss::{
     softmax_cross_entropy_with_correct,
 };
 use crate::optim::{Adam, Param, regularization_loss};
+use crate::progress::Progress;
 use crate::tensor::{DType, Tensor};
 
 /// The training loss.
@@ -35,7 +36,10 @@ pub enum Loss {
     CategoricalCrossEntropy { label_smoothing: f32 },
 }
 
-/// The metric reported next to the loss.
+/// The metric reported next to the loss: the share of samples whose
+/// highest output is their label ([`EpochStats::accuracy`], [`Model::evaluate`]).
+/// It is the only metric and always computed, so [`Model::configure`]'s
+/// argument changes nothing today.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Metric {
     CategoricalAccuracy,
@@ -51,7 +55,8 @@ pub struct TrainOptions<'a> {
     pub validation: Option<(&'a [f32], &'a [u32])>,
     /// Steps between loss read-backs (progress and divergence check).
     pub log_every: usize,
-    /// Show an indicatif progress bar.
+    /// Show each epoch's progress on stderr: a bar on a terminal, a plain
+    /// line every 10 s elsewhere ([`Progress`]).
     pub progress: bool,
     /// Save the model while training; `None` saves nothing.
     pub checkpoint: Option<Checkpoint>,
@@ -130,6 +135,41 @@ const FORMAT: &str = "aether-model-v1";
 const GRAPH_FORMAT: &str = "aether-model-v2";
 const METADATA_KEY: &str = "aether_architecture";
 
+/// A network: a plain stack of layers applied in order, or a graph of them
+/// ([`Graph`], for skip connections and branches), trained with one loss and
+/// Adam or AdamW, on the CPU path or a GPU.
+///
+/// Build it with [`add`](Self::add) (or [`from_graph`](Self::from_graph)) and
+/// [`configure`](Self::configure), move it
+/// with [`to`](Self::to), build its weights with [`finalize`](Self::finalize),
+/// then [`train`](Self::train), [`evaluate`](Self::evaluate),
+/// [`predict`](Self::predict) and [`save`](Self::save) / [`load`](Self::load).
+///
+/// ```
+/// use aether::nn::{Conv2d, Dense, Flatten, ReLU};
+/// use aether::optim::Adam;
+/// use aether::{Device, Loss, Metric, Model, Padding, TrainOptions};
+///
+/// let mut model = Model::new().seed(7);
+/// model.add(Conv2d::new(4, (3, 3), Padding::Same));
+/// model.add(ReLU::default());
+/// model.add(Flatten::default());
+/// model.add(Dense::new(2));
+/// let loss = Loss::SoftmaxCrossEntropy { label_smoothing: 0.0 };
+/// model.configure(loss, Adam::new(1e-2), Metric::CategoricalAccuracy);
+/// model.to(&Device::Cpu)?;
+/// model.finalize(&[6, 6, 1])?; // one sample's shape: height, width, channels
+///
+/// // Class 1 is bright images, class 0 dark ones.
+/// let y: Vec<u32> = (0..16).map(|i| i % 2).collect();
+/// let x: Vec<f32> = y.iter().flat_map(|&c| [c as f32; 36]).collect();
+/// let options = TrainOptions { epochs: 20, batch_size: 8, progress: false, ..Default::default() };
+/// let history = model.train(&x, &y, &options)?;
+/// assert_eq!(history.epochs.len(), 20);
+/// let probabilities = model.predict(&x[..36], 1, false)?; // one sample, two classes
+/// assert_eq!(probabilities.len(), 2);
+/// # Ok::<(), aether::AetherError>(())
+/// ```
 pub struct Model {
     layers: Vec<Box<dyn Layer>>,
     /// Per layer: where its inputs come from (in a plain stack, the layer
@@ -324,6 +364,10 @@ impl Model {
         self.inputs.get(index).map(Vec::as_slice)
     }
 
+    /// Sets the training loss and the optimizer (its hyperparameters are
+    /// checked at `finalize`). `metric` names what `train` and `evaluate`
+    /// report beside the loss; [`Metric::CategoricalAccuracy`] is the only
+    /// one and is always reported, so the argument changes nothing.
     pub fn configure(&mut self, loss: Loss, optimizer: Adam, _metric: Metric) -> &mut Self {
         self.loss = Some(loss);
         self.optimizer = Some(optimizer);
@@ -749,7 +793,7 @@ impl Model {
     }
 
     /// How host batches go to the device: F16 where the first layer rounds its
-    /// input to f16 anyway, half the bytes (docs/perf-notes.md, entry 49), else
+    /// input to f16 anyway, half the bytes (docs/lab/perf-notes.md, entry 49), else
     /// F32. A batch for [`Model::train_tensors`] made with this type (by
     /// [`Tensor::from_f32_rows`]) trains exactly as [`Model::train_batch`] would.
     pub fn input_dtype(&self) -> DType {
@@ -998,7 +1042,7 @@ impl Model {
             let steps = n.div_ceil(options.batch_size);
             let bar = options
                 .progress
-                .then(|| progress_bar(epoch, options.epochs, steps));
+                .then(|| Progress::epoch(epoch, options.epochs, steps));
             let mut pending = PendingLosses::new(epoch, steps);
             for (s, chunk) in order.chunks(options.batch_size).enumerate() {
                 let xb = self.batch_tensor(x, chunk)?;
@@ -1459,17 +1503,6 @@ fn shuffle(order: &mut [usize], seed: u64) {
         let j = ((z ^ (z >> 31)) % (i as u64 + 1)) as usize;
         order.swap(i, j);
     }
-}
-
-fn progress_bar(epoch: usize, epochs: usize, steps: usize) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(steps as u64);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg}")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_prefix(format!("{}/{epochs}", epoch + 1));
-    bar
 }
 
 /// The seed layer `i` of a model seeded `seed` is built with (weights, dropout

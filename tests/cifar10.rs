@@ -1,15 +1,25 @@
 //! The CIFAR-10 loader on small files written here in the exact binary layout
-//! (good files and every bad case), the example's argument parser, the host
-//! augmentation, and short smoke runs of the example's `run` on the CPU.
+//! (good files and every bad case), and the example's (`examples/cifar10/`)
+//! argument parser and short smoke runs of its `run` on the CPU.
+
+// The example's modules, compiled into this test as they are into the example.
+#[allow(dead_code)]
+#[path = "../examples/cifar10/args.rs"]
+mod args;
+#[allow(dead_code)]
+#[path = "../examples/cifar10/plot.rs"]
+mod plot;
+#[allow(dead_code)]
+#[path = "../examples/cifar10/run.rs"]
+mod run;
 
 use std::path::{Path, PathBuf};
 
-use aether::datasets::cifar10::{
-    CLASS_NAMES, Cifar10Args, RECORD_BYTES, SYNTHETIC_TEST_SEED, TEST_FILE, TRAIN_FILES,
-    load_cifar10, run,
-};
+use aether::datasets::cifar10::{CLASS_NAMES, RECORD_BYTES, TEST_FILE, TRAIN_FILES, load_cifar10};
 use aether::gpu::DevicePreference;
 use aether::{AetherError, Device, Model};
+use args::Cifar10Args;
+use run::{SYNTHETIC_TEST_SEED, run};
 
 /// A fresh, empty folder under the system temp dir, removed when dropped.
 struct TempDir(PathBuf);

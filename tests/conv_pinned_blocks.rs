@@ -1,5 +1,5 @@
 //! The halo kernels' blocks that only the tuning overrides pick (as the
-//! `.ci/gpu-sweep-*.sh` scripts pin them) against the f64 direct convolution, on
+//! `tools/gpu-sweep-*.sh` scripts pin them) against the f64 direct convolution, on
 //! the coop variants, and a malformed override as an error. Each block is
 //! pinned through its environment variable, so this binary holds a single
 //! test, which sets the variables in turn while no other thread reads the
@@ -46,7 +46,7 @@ fn pins() -> Vec<Pin> {
             ran: |p| p.dweight_halo.is_some_and(|b| b.rows * b.cols == 32),
         },
         // The forward with all 9 taps a step, 16 input channels a stage and 4
-        // channel tiles over 8 subgroups in 2 columns (`.ci/gpu-sweep-halo16.sh`).
+        // channel tiles over 8 subgroups in 2 columns (`tools/gpu-sweep-halo16.sh`).
         Pin {
             vars: &[(HALO_ENV, "256x4x9x8x2x16")],
             input: [1, 16, 16, 64],

@@ -29,7 +29,7 @@ fn im2col(m: u32, k: u32) -> f32 {
 // C_IN % 8 == 0 and k % 8 == 0, so a run never crosses a tap and starts at a
 // multiple of 8. dweight reads one as `x_run(im2col_offset(m, k))`; the
 // forward as `im2col_run_at(im2col_position(m), k)`, the offset split into
-// the output position's part and the tap's (docs/perf-notes.md, entry 41).
+// the output position's part and the tap's (docs/lab/perf-notes.md, entry 41).
 
 // What row m fixes: the offset in `x` of (n, oh * STRIDE_H - PAD_TOP,
 // ow * STRIDE_W - PAD_LEFT), maybe outside the image, and those two

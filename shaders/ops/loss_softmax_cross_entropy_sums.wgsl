@@ -3,7 +3,7 @@
 // loss_sum.wgsl's tree, so the same bits) and the count of correct rows
 // (loss_correct.wgsl's rule), with each row's dlogits. Three dispatches fewer
 // than the row kernel, the correct kernel and their two sums
-// (docs/perf-notes.md, entry 72). loss_softmax_cross_entropy_row.wgsl is
+// (docs/lab/perf-notes.md, entry 72). loss_softmax_cross_entropy_row.wgsl is
 // prepended, with the logits, labels and dlogits bindings.
 
 @group(0) @binding(3) var<storage, read_write> loss: array<f32>;

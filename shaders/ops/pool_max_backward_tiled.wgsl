@@ -46,7 +46,7 @@ fn main_dropout(
 ) {
     let lane = pool_lane(wid, lidx, 1u);
     // Before the barrier: dy and the argmax load while the table's draws run
-    // (docs/perf-notes.md, entry 69).
+    // (docs/lab/perf-notes.md, entry 69).
     var g = 0.0;
     var winner = 0u;
     if (lane.live) {

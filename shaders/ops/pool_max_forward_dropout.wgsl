@@ -12,7 +12,7 @@
 // input anyway.
 // All find their windows' maxima between drawing the masks and the barrier
 // after it: the other invocations' loads are in flight while the few that draw
-// run Philox (docs/perf-notes.md, entry 69).
+// run Philox (docs/lab/perf-notes.md, entry 69).
 
 @group(0) @binding(0) var<storage, read> x4: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read_write> y4: array<vec4<u32>>;

@@ -171,22 +171,17 @@ impl CoopBlock {
             tiles,
             k_tiles,
         };
-        // Measured on the H200 per layer of the v1 model at batch 256
-        // (docs/perf-notes.md, entry 13): 16 subgroups of 2x1 or 2x2 tiles
-        // (256 x 32 or 256 x 64 outputs) for tall forward and dinput GEMMs;
-        // 128 x 128 where fewer rows would leave the GPU part idle with
-        // 256-row blocks; dweight (a few hundred rows, a long split
-        // reduction) 128 rows by its output width, 64 x 32 for the first
-        // layer's 28 rows (entry 16). Shorter GEMMs at most 64 wide take
-        // 128 x 64 blocks with a 64-deep step (entry 20). GEMMs at least 256
-        // wide (the 4096^3 one, entries 62 and 83): the forward 256 x 128 over
-        // 16 subgroups of 4x2 tiles where it stores straight into C (too big
-        // with scratch tiles), else 128 x 128 like dinput; dweight 64 x 128
-        // over 8 subgroups. A narrow forward whose reduction is one 32-deep
-        // step (the first layer's 27 taps of 3 channels), and a dweight of at
-        // most 32 rows (its 28), take blocks half as tall: on an H100 (entry
-        // 74) 32.8 against 36.4 us for the forward (128 x 32 over 8 x 2
-        // subgroups of one tile) and 50.1 against 73.4 for dweight (32 x 32).
+        // The fastest blocks of the sweeps in docs/lab/perf-notes.md (entries
+        // 13, 16, 20, 62, 74 and 83): tall forward and dinput GEMMs take 16
+        // subgroups of 2x1 or 2x2 tiles, 128 x 128 where 256-row blocks would
+        // leave part of the GPU idle; dweight (a few hundred rows, a long split
+        // reduction) 128 rows by its output width. GEMMs at most 64 wide take
+        // 128 x 64 blocks with a 64-deep step. GEMMs at least 256 wide: the
+        // forward 256 x 128 over 16 subgroups of 4x2 tiles where it stores
+        // straight into C (too big with scratch tiles), else 128 x 128 like
+        // dinput; dweight 64 x 128 over 8 subgroups. A narrow forward with one
+        // 32-deep step (the first layer's 27 taps) and a dweight of at most 32
+        // rows take blocks half as tall, which keeps more of the GPU busy.
         let t = tile as usize;
         let narrow = cols <= 2 * t;
         let wide = cols >= 16 * t;
@@ -195,8 +190,8 @@ impl CoopBlock {
             ConvDirection::Forward if narrow && depth <= 2 * t => block([8, 2], [1, 1], 2),
             ConvDirection::Forward | ConvDirection::DInput if narrow => block([8, 2], [2, 1], 2),
             ConvDirection::Forward if wide => {
-                // 2x4 tiles a subgroup ran 116 TFLOP/s against 163 once naga's
-                // index clamping was left out (entry 83).
+                // 4x2 tiles a subgroup, not 2x4: faster without naga's index
+                // clamping (docs/lab/perf-notes.md, entry 83).
                 let sixteen_subgroups = block([4, 4], [4, 2], 2);
                 if sixteen_subgroups.stores_directly(direct_span) {
                     sixteen_subgroups

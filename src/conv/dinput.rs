@@ -28,9 +28,8 @@ const KERNEL: ConvKernel = ConvKernel {
         along_k: [true, true],
         fits: |m| [m.c_out % GEMM_RUN == 0; 2],
         // With stride 1 there is one residue class: its rows are dX's pixels.
-        // Direct stores measured faster on the H200 for dX up to 2 tiles
-        // wide, slower at 4 tiles (docs/perf-notes.md, entry 40), and on
-        // the 4096-wide GEMM on the H100 (entry 62).
+        // Direct stores measured faster for dX up to 2 tiles wide and on very
+        // wide GEMMs, slower at 4 tiles (docs/lab/perf-notes.md, entries 40, 62).
         direct_c: Some(DirectC {
             c: "dx",
             bias: None,

@@ -86,8 +86,8 @@ pub(crate) fn pinned_split_per_unit() -> Option<u32> {
 
 /// The seed's split-K rule: aim for `(4 if the 2-D grid is one workgroup else 2)`
 /// workgroups per compute unit (or what [`SPLIT_ENV`] pins), never more slices
-/// than reduction tiles. (Aiming 4x higher measured slower on the H200: the
-/// reduce pass grew by 0.4 ms and the GEMM gained nothing; docs/perf-notes.md.)
+/// than reduction tiles. Aiming higher grows the reduce pass more than it
+/// speeds the GEMM (docs/lab/perf-notes.md).
 pub fn split_k(grid2d: u32, reduction_tiles: u32, compute_units: u32) -> u32 {
     let per_unit = pinned_split_per_unit().unwrap_or(if grid2d == 1 { 4 } else { 2 });
     (per_unit * compute_units / grid2d.max(1)).clamp(1, reduction_tiles.max(1))

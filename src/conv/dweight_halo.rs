@@ -15,9 +15,8 @@ use crate::gpu::GpuCapabilities;
 /// GEMM core runs), a number pins the output positions of its blocks.
 pub const DWEIGHT_HALO_ENV: &str = "AETHER_DWEIGHT_HALO";
 
-/// Output positions per block. Measured on the H200 (docs/perf-notes.md,
-/// entry 54): 64 made the v1 model's 32->32, 32->64 and 64->64 dweights
-/// 50%, 24% and 10% faster than the GEMM core; 32, 128 and 256 less so.
+/// Output positions per block: 64 was the fastest of 32-256, and faster than
+/// the GEMM core on the v1 model's convs (docs/lab/perf-notes.md, entry 54).
 const BLOCK_POSITIONS: usize = 64;
 /// Workgroup memory a block may take (64-position blocks take 14-16 KiB).
 const RULE_BYTES: usize = 32 * 1024;

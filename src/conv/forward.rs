@@ -23,9 +23,8 @@ const KERNEL: ConvKernel = ConvKernel {
         direct_c: Some(DirectC {
             c: "y",
             bias: Some("bias"),
-            // Direct stores measured faster at every width: up to 128
-            // channels on the H200 (docs/perf-notes.md, entry 40), and on the
-            // 4096-wide GEMM with its 16-subgroup blocks on the H100 (entry 62).
+            // Direct stores measured faster at every width
+            // (docs/lab/perf-notes.md, entries 40 and 62).
             span: |m, _| Some([m.m, m.c_out]),
         }),
     }),

@@ -32,10 +32,8 @@ pub const STACK_ENV: &str = "AETHER_HALO_STACK";
 
 /// Environment variable for tuning: `1` stages every step's taps in one
 /// buffer (two barriers a step), `2` in two taken in turn where they fit (one
-/// barrier a step, one more a chunk); unset, two where they fit. On an H100
-/// (docs/perf-notes.md, entry 83) two took the v1 model's 32x32x32->32
-/// forward 49.8 -> 48.2 us and its 8x8x64->128 forward 22.1 -> 21.6; the
-/// 16 x 16 convs' blocks leave no room for a second buffer.
+/// barrier a step, one more a chunk); unset, two where they fit, since one
+/// barrier a step fewer was faster (docs/lab/perf-notes.md, entry 83).
 pub const TAP_BUFFERS_ENV: &str = "AETHER_HALO_TAP_BUFFERS";
 
 /// The rule's block for outputs narrower than a tile, where position tiles
@@ -54,11 +52,9 @@ pub struct Narrow {
 impl Narrow {
     /// The forward's: 4 channel tiles over 8 x 2 subgroups, 3 taps a
     /// step (37.6 KiB at tile 16; 32 channels a stage would take 53, and so
-    /// would 32 positions). On an H100 (docs/perf-notes.md, entry 82) the v1
-    /// model's 8x8x64->128 forward took 22.2 us against the GEMM core's 24.7:
-    /// the block stages 2.5 input pixels per output, where the core's im2col
-    /// stages 9; 20 other blocks (8 positions, 2 or 8 channel tiles, 1 or 9
-    /// taps, 8 or 32 subgroups, 1 or 4 columns) were 9-219% slower.
+    /// would 32 positions). It stages 2.5 input pixels per output where the
+    /// GEMM core's im2col stages 9, and was the fastest block swept
+    /// (docs/lab/perf-notes.md, entry 82).
     pub const FORWARD: Self = Self {
         channel_tiles: 4,
         all_taps: false,
@@ -68,11 +64,8 @@ impl Narrow {
     /// dinput's transposed conv (more input channels than output ones on the
     /// v1 model's 8x8x64->128 layer): 2 channel tiles over 8 subgroups, all 9
     /// taps a step (41.3 KiB at tile 16), so twice the workgroups of 4-tile
-    /// blocks. On an H100 (entry 86) that backward took 0.0540-0.0559 ms back
-    /// to back against the GEMM core's 0.0593-0.0608 (runs J8-M8); 16 or 4
-    /// subgroups, 2 columns, 3 taps a step and 1 channel tile were slower.
-    /// (Criterion had the core ahead while its dinput flipped the filter in
-    /// a dispatch of its own, which the step leaves to dweight's reduce.)
+    /// blocks: faster than the GEMM core and than the other blocks swept
+    /// (docs/lab/perf-notes.md, entry 86).
     pub const DINPUT: Self = Self {
         channel_tiles: 2,
         all_taps: true,
@@ -82,25 +75,20 @@ impl Narrow {
 }
 
 /// Workgroups per compute unit the halo kernels launch at most, where the
-/// adapter's count of units is known (else one per block). Measured on the
-/// H200 (docs/perf-notes.md, entry 61): the large bench shape's forward
-/// 139.8 -> 157.2 TFLOP/s at 2 (155.7 at 1, 152.9 at 3, 156.3 at 4): a
-/// workgroup that goes on to its next block fetches that block's halo while
-/// it multiplies the last step of the one before, where a fresh workgroup
-/// waits for its first halo with nothing to multiply. Where that many would
+/// adapter's count of units is known (else one per block): a workgroup that
+/// goes on to its next block fetches that block's halo while it multiplies
+/// the last step of the one before, where a fresh workgroup waits for its
+/// first halo with nothing to multiply; 2 measured best
+/// (docs/lab/perf-notes.md, entry 61). Where that many would
 /// leave a workgroup a single block, fewer run, down to one per unit (see
 /// [`HaloBlock::grid`]).
 pub const GROUPS_PER_UNIT: u32 = 2;
 
 /// The blocks the rule tries, in order: (output positions, output-channel
-/// tiles, subgroups, columns of subgroups splitting the channel tiles). Swept
-/// on the H200 (docs/perf-notes.md, entries 53, 55, 57 and 58): 256 positions
-/// by 4 channel tiles over 8 x 2 subgroups took the v1 model's 32 -> 64 and
-/// 64 -> 64 forwards 19% and 22% below 128 x 2 tiles over 8 x 1 subgroups, and
-/// the large bench shape (56 x 56 x 64 -> 64) 50% above the GEMM core's
-/// TFLOP/s. 256 x 2 tiles over 8 x 2 subgroups is for outputs of 2 tiles (4%
-/// faster than 128 x 2 on the v1 32 -> 32 conv), 128 x 2 over 8 x 1 for
-/// adapters with less workgroup memory.
+/// tiles, subgroups, columns of subgroups splitting the channel tiles), the
+/// fastest of the sweeps in docs/lab/perf-notes.md, entries 53-58: 256 x 4
+/// over 8 x 2 subgroups first, 256 x 2 for outputs of 2 tiles, 128 x 2 over
+/// 8 x 1 for adapters with less workgroup memory.
 const RULE_BLOCKS: [(usize, u32, u32, u32); 3] = [(256, 4, 16, 2), (256, 2, 16, 2), (128, 2, 8, 1)];
 /// Input channels a block stages at a time where the input has more.
 const CHANNEL_CHUNK: usize = 32;
@@ -297,10 +285,8 @@ fn stacked_blocks(
 }
 
 /// `Ok` for a stride-1, undilated conv with more than one filter tap: the
-/// kind a halo kernel reads. A 1x1 conv has no taps to share a staged input:
-/// on the 4096^3 GEMM (a 1x1 conv) the forward's halo kernel ran at 64 TFLOP/s
-/// against the GEMM core's 76 (run E5), dweight's at 19 against 65 (runs E5
-/// and F5).
+/// kind a halo kernel reads. A 1x1 conv has no taps to share a staged input,
+/// and ran slower there than on the GEMM core (docs/lab/perf-notes.md).
 fn shares_taps(meta: &ConvShapeMeta) -> std::result::Result<(), String> {
     if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
         return Err("stride or dilation above 1".into());
@@ -597,9 +583,8 @@ impl HaloBlock {
     /// Workgroups: over the blocks of positions, blocks of channels. A
     /// workgroup takes every n-th block of positions, n the workgroups along
     /// them: as many as fit within `groups` while each takes two blocks, so
-    /// its second block's halo is fetched while it multiplies the first. On
-    /// an H100 the v1 model's 16 x 16 convs (256 blocks) ran 3-6% faster on
-    /// 132 workgroups than on 256 (docs/perf-notes.md, entry 64).
+    /// its second block's halo is fetched while it multiplies the first
+    /// (docs/lab/perf-notes.md, entry 64).
     pub fn grid(&self, meta: &ConvShapeMeta) -> [usize; 3] {
         let blocks = self.blocks(meta);
         let [fewest, most] = self.groups.map(|g| g as usize);

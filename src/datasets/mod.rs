@@ -1,6 +1,3 @@
-//! Public datasets and the code of the examples that train on them, kept in
-//! the library so that tests can reach it: loaders, argument parsing and
-//! training plots.
+//! Loaders of public datasets, in the `(inputs, labels)` layout [`Model::train`](crate::Model::train) takes.
 
 pub mod cifar10;
-pub mod plot;

@@ -8,7 +8,7 @@
 //! 32, ... more dispatches, so the GPU starts on the first kernels while the
 //! host records the rest. A caller that reads the loss every step waits for
 //! each step, and an idle GPU would otherwise wait for the whole step to be
-//! recorded (docs/perf-notes.md, entry 48). Work recorded while earlier work
+//! recorded (docs/lab/perf-notes.md, entry 48). Work recorded while earlier work
 //! is still running stays one submission: the GPU is busy anyway.
 //!
 //! Binding convention for every kernel: storage buffers at `@group(0)
@@ -74,8 +74,8 @@ pub(crate) struct Batch {
 }
 
 /// Dispatches in the first early submission after the GPU fell idle; each
-/// later one takes twice as many. Runs on the H200 (entry 48): the first
-/// after 4, 8 or 16 dispatches made a synchronised v1 step 0.12-0.15 ms faster.
+/// later one takes twice as many, so the GPU starts early without a
+/// submission per dispatch (docs/lab/perf-notes.md, entry 48).
 const FIRST_EARLY_SUBMIT: usize = 8;
 
 impl Batch {

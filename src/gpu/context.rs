@@ -58,6 +58,14 @@ impl GpuContext {
     /// Opens the best adapter allowed by `options`, or `Ok(None)` when no adapter
     /// matches. Adapters come from the primary backends (Vulkan, Metal, DX12).
     pub fn new(options: &GpuOptions) -> Result<Option<Arc<Self>>> {
+        Self::best_adapter(options)
+            .map(|adapter| Self::with_adapter(adapter, options))
+            .transpose()
+    }
+
+    /// The best adapter allowed by `options` (discrete over integrated over
+    /// virtual over CPU emulation), unopened.
+    pub(crate) fn best_adapter(options: &GpuOptions) -> Option<wgpu::Adapter> {
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::PRIMARY;
         let instance = wgpu::Instance::new(desc.with_env());
@@ -67,13 +75,10 @@ impl GpuContext {
             adapters.retain(|a| a.get_info().name.to_lowercase().contains(&filter));
         }
         adapters.sort_by_key(|a| device_type_rank(a.get_info().device_type));
-        let Some(adapter) = adapters.into_iter().next() else {
-            return Ok(None);
-        };
-        Self::with_adapter(adapter, options).map(Some)
+        adapters.into_iter().next()
     }
 
-    fn with_adapter(adapter: wgpu::Adapter, options: &GpuOptions) -> Result<Arc<Self>> {
+    pub(crate) fn with_adapter(adapter: wgpu::Adapter, options: &GpuOptions) -> Result<Arc<Self>> {
         let info = adapter.get_info();
         let features = GpuCapabilities::wanted_features(
             &adapter,
@@ -148,10 +153,12 @@ impl GpuContext {
         self.bind_groups.created()
     }
 
+    #[doc(hidden)]
     pub fn pipelines(&self) -> &PipelineCache {
         &self.pipelines
     }
 
+    #[doc(hidden)]
     pub fn pool(&self) -> &BufferPool {
         &self.pool
     }

@@ -2,10 +2,9 @@
 //! to f16, by several threads at once when there are many.
 //!
 //! On a discrete GPU wgpu maps upload staging in device memory across PCIe
-//! (write-combined), and one host thread fills it slowly: on the H100 device
-//! machine a v1 batch (786 432 values as f16) took 0.346 ms on one thread,
-//! 0.091 ms on all 16 (`cargo bench --bench upload`, docs/perf-notes.md,
-//! entry 68). The values go in as the caller lists them, so a shuffled batch
+//! (write-combined), and one host thread fills it several times slower than
+//! all of them (`cargo bench --bench upload`, docs/lab/perf-notes.md, entry
+//! 68). The values go in as the caller lists them, so a shuffled batch
 //! is gathered straight into staging with no host copy in between.
 
 use half::f16;

@@ -16,9 +16,15 @@ mod slice;
 pub use batch::KernelTime;
 pub use caps::{CoopMatrixConfig, GpuCapabilities};
 pub use context::GpuContext;
+#[doc(hidden)]
 pub use grid::flat_grid;
 pub(crate) use host_write::{in_jobs, write_f32s};
 pub use options::{DevicePreference, GpuOptions, device_preference_from_env};
+// Kernel plumbing: public for the tests, benches and examples that launch
+// kernels of their own.
+#[doc(hidden)]
 pub use pipelines::{PipelineCache, PipelineKey};
+#[doc(hidden)]
 pub use pool::{BufferPool, PoolStats, PooledBuffer};
+#[doc(hidden)]
 pub use slice::GpuSlice;

@@ -7,11 +7,12 @@ use crate::error::{AetherError, Result};
 /// Which device `Device::best()` should produce (`AETHER_DEVICE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DevicePreference {
-    /// Best GPU adapter, else the CPU path with one `[aether]` warning.
+    /// The best hardware adapter, else the CPU path with one `[aether]`
+    /// warning; a software adapter (lavapipe) ranks below the CPU path.
     Auto,
     /// Always the CPU path.
     Cpu,
-    /// A GPU adapter or an error.
+    /// A GPU adapter, software ones included, or an error.
     Gpu,
 }
 

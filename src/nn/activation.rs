@@ -13,6 +13,8 @@ use crate::ops::loss::{softmax, softmax_backward};
 use crate::ops::relu;
 use crate::tensor::Tensor;
 
+/// `max(x, 0)`, elementwise; `ReLU::default()` makes one. Right after a
+/// BatchNorm it runs inside that layer (see [`Model::fuse_relu`](crate::Model::fuse_relu)).
 #[derive(Default)]
 pub struct ReLU {
     input: Option<Tensor>,
@@ -46,12 +48,14 @@ impl Layer for ReLU {
     }
 }
 
+/// `x` where positive, `alpha * x` elsewhere, elementwise.
 pub struct LeakyReLU {
     pub alpha: f32,
     input: Option<Tensor>,
 }
 
 impl LeakyReLU {
+    /// The slope `alpha` below zero (finite; checked at `finalize`).
     pub fn new(alpha: f32) -> Self {
         Self { alpha, input: None }
     }

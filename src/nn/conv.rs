@@ -56,6 +56,17 @@ struct ConvWeights {
 }
 
 impl Conv2d {
+    /// `filters` output channels from a `kernel` = `(height, width)` filter,
+    /// stride 1 (see [`stride`](Self::stride)); input channels come from the
+    /// input at `finalize`.
+    ///
+    /// ```
+    /// use aether::Padding;
+    /// use aether::nn::Conv2d;
+    ///
+    /// let conv = Conv2d::new(32, (3, 3), Padding::Same).stride((2, 2));
+    /// assert_eq!((conv.filters, conv.stride), (32, (2, 2)));
+    /// ```
     pub fn new(filters: usize, kernel: (usize, usize), padding: Padding) -> Self {
         Self {
             filters,
@@ -76,6 +87,7 @@ impl Conv2d {
         }
     }
 
+    /// The filter's step `(vertical, horizontal)`; 1 by default.
     pub fn stride(mut self, stride: (usize, usize)) -> Self {
         self.stride = stride;
         self
@@ -406,6 +418,8 @@ pub struct Dense {
 }
 
 impl Dense {
+    /// `units` output features from the `[N, in]` features of the layer
+    /// before (a [`Flatten`](super::Flatten) or [`GlobalAvgPool`](super::GlobalAvgPool)).
     pub fn new(units: usize) -> Self {
         Self {
             conv: Conv2d::new(units, (1, 1), Padding::Valid),

@@ -33,6 +33,9 @@ macro_rules! dropout_layer {
         }
 
         impl $name {
+            /// Drops with probability `rate` in `[0, 1)` (checked at
+            /// `finalize`) while training, scaling what stays by
+            /// `1 / (1 - rate)`; inference passes the input through.
             pub fn new(rate: f32) -> Self {
                 Self {
                     rate,

@@ -10,6 +10,8 @@ use crate::ops::batchnorm::{
 };
 use crate::tensor::{DType, Tensor};
 
+/// Batch normalisation over the last (channel) dimension, with a learned
+/// scale and shift; inference uses the running statistics.
 pub struct BatchNorm {
     /// Running statistics: `running = momentum * running + (1 - momentum) * batch`
     /// (PyTorch's `momentum` is one minus this).
@@ -44,6 +46,9 @@ struct NormState {
 }
 
 impl BatchNorm {
+    /// Running statistics updated as `momentum * running + (1 - momentum) *
+    /// batch` (PyTorch's default momentum 0.1 is 0.9 here), and `epsilon`
+    /// added to the variance (PyTorch: 1e-5); both checked at `finalize`.
     pub fn new(momentum: f32, epsilon: f32) -> Self {
         Self {
             momentum,

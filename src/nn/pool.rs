@@ -36,6 +36,7 @@ fn input_dims(dims: &Option<[usize; 4]>, layer: &'static str) -> Result<[usize; 
     })
 }
 
+/// 2-D max pooling, NHWC.
 pub struct MaxPool2d {
     pub params: PoolParams,
     input_dims: Option<[usize; 4]>,
@@ -52,6 +53,8 @@ pub struct MaxPool2d {
 }
 
 impl MaxPool2d {
+    /// The maximum of each `pool` = `(height, width)` window, windows `stride`
+    /// apart over the input padded by `padding`.
     pub fn new(pool: (usize, usize), stride: (usize, usize), padding: Padding) -> Self {
         Self {
             params: PoolParams {
@@ -146,12 +149,15 @@ impl Layer for MaxPool2d {
     }
 }
 
+/// 2-D average pooling, NHWC.
 pub struct AvgPool2d {
     pub params: PoolParams,
     input_dims: Option<[usize; 4]>,
 }
 
 impl AvgPool2d {
+    /// The mean of each `pool` = `(height, width)` window, windows `stride`
+    /// apart over the input padded by `padding`.
     pub fn new(pool: (usize, usize), stride: (usize, usize), padding: Padding) -> Self {
         Self {
             params: PoolParams {

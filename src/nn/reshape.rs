@@ -5,6 +5,8 @@ use crate::device::Device;
 use crate::error::Result;
 use crate::tensor::Tensor;
 
+/// `[N, ...] -> [N, features]`, before a [`Dense`](super::Dense);
+/// `Flatten::default()` makes one.
 #[derive(Default)]
 pub struct Flatten {
     input: Vec<usize>,

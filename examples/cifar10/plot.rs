@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::cifar10::EpochReport;
-use crate::error::{AetherError, Result};
+use crate::run::EpochReport;
+use aether::{AetherError, Result};
 
 const SIZE: (u32, u32) = (1200, 500);
 const TRAIN_COLOR: RGBColor = RGBColor(31, 119, 180);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device (carrying .gl and .gpu-pack, packed by `bash .ci/gpu-pack.sh conv`):
+# On the device (carrying .gl and .gpu-pack, packed by `bash tools/gpu-pack.sh conv`):
 # the halo kernels with position tiles stacking 16 images on the v1 model's
 # last conv (8x8x64 -> 128, batch 256), narrower than a tile (perf-notes entry
 # 82). The rule stacks the forward's (16 positions by 4 channel tiles over 8 x 2
@@ -12,7 +12,7 @@
 # evenly over the subgroups, decline to the GEMM core (a time like `core`'s).
 # About 4 minutes.
 pin() { echo "AETHER_HALO_STACK=1 AETHER_FORWARD_HALO=$1"; }
-bash .ci/gpu-sweep.sh 'coop16/conv5_b256/(forward|dweight|dinput)' <<CONFIGS
+bash tools/gpu-sweep.sh 'coop16/conv5_b256/(forward|dweight|dinput)' <<CONFIGS
 rule
 core AETHER_HALO_STACK=0
 16x8x3x16x2 $(pin 16x8x3x16x2x16)

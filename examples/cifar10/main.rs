@@ -1,13 +1,21 @@
 //! `cargo run --release --example cifar10 -- [options]`: trains the reference
 //! CNN on CIFAR-10 (`--data DIR` or `AETHER_CIFAR10`), or on a synthetic
 //! stand-in made in code when there is no data. `--help` lists the options.
-//! All the work is in `aether::datasets::cifar10::run`, where tests reach it.
+//! `tests/cifar10.rs` tests these modules.
+
+mod args;
+mod plot;
+mod run;
+#[path = "../shared/xdg.rs"]
+mod xdg;
 
 use std::process::ExitCode;
 
-use aether::datasets::cifar10::{Cifar10Args, USAGE, run};
+use args::{Cifar10Args, USAGE};
+use run::run;
 
 fn main() -> ExitCode {
+    xdg::quiet_missing_runtime_dir();
     let args: Result<Vec<String>, _> = std::env::args_os()
         .skip(1)
         .map(|a| {

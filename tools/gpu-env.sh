@@ -1,5 +1,5 @@
 # Sourced on the device machine (carrying .gl and .gpu-pack): installs the
-# Vulkan loader from .gl, unpacks the binaries of .ci/gpu-pack.sh into /tmp/b
+# Vulkan loader from .gl, unpacks the binaries of tools/gpu-pack.sh into /tmp/b
 # and points wgpu at the NVIDIA driver.
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# On the device (carrying .gl and .gpu-pack, packed by `bash .ci/gpu-pack.sh conv`):
+# On the device (carrying .gl and .gpu-pack, packed by `bash tools/gpu-pack.sh conv`):
 # dweight's split of the reduction over positions (AETHER_DWEIGHT_SPLIT:
 # workgroups per compute unit) on the v1 model's five convs, its reduce
 # included in each time. The rule: 2 per unit for the halo kernel (convs 2-4)
 # and for the GEMM core, 4 where the GEMM core's output is one block (conv 1).
 # Each slice writes a whole partial dW that the reduce reads back. About 2
 # minutes.
-bash .ci/gpu-sweep.sh 'coop16/conv[1-5]_b256/dweight' <<'CONFIGS'
+bash tools/gpu-sweep.sh 'coop16/conv[1-5]_b256/dweight' <<'CONFIGS'
 rule
 split1 AETHER_DWEIGHT_SPLIT=1
 split2 AETHER_DWEIGHT_SPLIT=2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device (carrying .gl and .gpu-pack, packed by `bash .ci/gpu-pack.sh conv`):
+# On the device (carrying .gl and .gpu-pack, packed by `bash tools/gpu-pack.sh conv`):
 # the GEMM core's blocks (AETHER_COOP_BLOCK=DIRECTION=SG_MxSG_NxTMxTNxKT) for the
 # v1 model's last conv's backward (8x8x64 -> 128, batch 256), whose dinput and
 # dweight run the core, and dweight's split over every v1 conv, swept again
@@ -7,7 +7,7 @@
 # GEMM's best forward block changed then. Entries 70, 76 and 81 swept them
 # with the clamping. About 5 minutes.
 pin() { echo "AETHER_COOP_BLOCK=$1"; }
-bash .ci/gpu-sweep.sh 'coop16/conv5_b256/(dweight|dinput)' <<CONFIGS
+bash tools/gpu-sweep.sh 'coop16/conv5_b256/(dweight|dinput)' <<CONFIGS
 rule
 i4x4x2x2x2 $(pin dinput=4x4x2x2x2)
 i4x4x4x1x2 $(pin dinput=4x4x4x1x2)
@@ -26,4 +26,4 @@ w2x4x1x2x2 $(pin dweight=2x4x1x2x2)
 rule_again
 CONFIGS
 # dweight's splits on every v1 conv (run Y7 ran them without split 8).
-bash .ci/gpu-sweep-dweight.sh
+bash tools/gpu-sweep-dweight.sh

@@ -2,10 +2,10 @@
 # Builds the release binaries the device machine runs (it has no Rust
 # toolchain) and packs them into the git-ignored .gpu-pack/bins.tgz: the
 # examples, the criterion conv bench and the test binaries, every one, or
-# those named (`bash .ci/gpu-pack.sh conv model`: tests/conv.rs and
+# those named (`bash tools/gpu-pack.sh conv model`: tests/conv.rs and
 # tests/model.rs). All of them (66 MiB) no longer fit the device's 64 MiB
 # carry, so name them: the script fails where the pack would not fit.
-# On the device (carrying .gl and .gpu-pack), `source .ci/gpu-env.sh` unpacks it.
+# On the device (carrying .gl and .gpu-pack), `source tools/gpu-env.sh` unpacks it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .gpu-bin .gpu-pack && mkdir -p .gpu-bin/tests .gpu-pack

@@ -1,4 +1,4 @@
-# awk -f .ci/conv-verdict.awk BREAKDOWN_OUTPUT PYTORCH_OUTPUT (run by .ci/gpu-check.sh).
+# awk -f tools/conv-verdict.awk BREAKDOWN_OUTPUT PYTORCH_OUTPUT (run by tools/gpu-check.sh).
 # Goal 2 of issue 7: each conv's forward and backward in the step (cifar10_breakdown)
 # against cuDNN's for the same shape (benches/pytorch_reference.py), matched by shape.
 $2 == "Conv2d" && FILENAME == ARGV[1] { ours[$3] = $4 " " $5 }

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # On the device (carrying .gl and .gpu-pack, packed by
-# `bash .ci/gpu-pack.sh conv conv_pinned_blocks`): issue 7's checks in one
+# `bash tools/gpu-pack.sh conv conv_pinned_blocks`): issue 7's checks in one
 # call, about 3 minutes on an H100: the v1 step's breakdown, PyTorch + cuDNN on
 # the same machine (benches/pytorch_reference.py) with each conv pass set
-# against cuDNN's (.ci/conv-verdict.awk) and the kernels cuDNN ran, in the step and back to back
+# against cuDNN's (tools/conv-verdict.awk) and the kernels cuDNN ran, in the step and back to back
 # (examples/conv_passes.rs), the large shape's and the 4096^3 GEMM's criterion
-# benches (the GEMM also with the blocks it had before docs/perf-notes.md entry
+# benches (the GEMM also with the blocks it had before docs/lab/perf-notes.md entry
 # 62), the conv suite, the sweeps' pinned blocks and the v1 shapes' benches. A
 # summary goes to stdout and $OUT/log.txt, each tool's whole output under $OUT.
-source .ci/gpu-env.sh
+source tools/gpu-env.sh
 R=${OUT:-/tmp/sweep}; mkdir -p "$R"
 conv_test=$(ls /tmp/b/tests/conv-*)
 summary() { grep -E '^coop16|time:|thrpt:' "$1" | grep -v '%' | tr -s ' ' | paste -sd' ' | sed 's/coop16/\ncoop16/g'; }
@@ -16,15 +16,15 @@ summary() { grep -E '^coop16|time:|thrpt:' "$1" | grep -v '%' | tr -s ' ' | past
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 # Most wanted first, should the machine be taken back: the step against PyTorch.
 # A short run first fills the pipeline cache: the second one's first step is the
-# warm-cache start (docs/perf-notes.md, entry 63).
+# warm-cache start (docs/lab/perf-notes.md, entry 63).
 timeout 90 /tmp/b/cifar10_breakdown --repeats 5 > "$R/bd_cold.txt" 2>&1
 echo "cold cache: rc=$? $(grep 'first step' "$R/bd_cold.txt")"
 timeout 90 /tmp/b/cifar10_breakdown --repeats 50 > "$R/bd.txt" 2>&1
 echo "breakdown: rc=$?"; grep -vE "^\[aether\]|^ *$" "$R/bd.txt" | head -14
 timeout 200 python3 benches/pytorch_reference.py --repeats 30 --parts > "$R/pt.txt" 2>&1
 echo "pytorch: rc=$?"; grep -v '^parts' "$R/pt.txt" | tail -10; grep '^parts' "$R/pt.txt"
-awk -f .ci/conv-verdict.awk "$R/bd.txt" "$R/pt.txt"
-# Which kernels cuDNN ran (docs/perf-notes.md, entry 85): its algorithm choice
+awk -f tools/conv-verdict.awk "$R/bd.txt" "$R/pt.txt"
+# Which kernels cuDNN ran (docs/lab/perf-notes.md, entry 85): its algorithm choice
 # can change with the driver or the cuDNN version.
 timeout 60 python3 benches/pytorch_reference.py --kernels > "$R/kernels.txt" 2>&1
 echo "cudnn kernels: rc=$?"; grep '^kernels' "$R/kernels.txt" | grep -v -e Memset -e elementwise -e reduce_kernel \
@@ -37,7 +37,7 @@ echo "cudnn kernels: rc=$?"; grep '^kernels' "$R/kernels.txt" | grep -v -e Memse
 # each backward's two halves beside cuDNN's (the `parts` lines).
 timeout 120 /tmp/b/conv_passes --repeats 30 --parts > "$R/passes.txt" 2>&1
 echo "back-to-back passes: rc=$?"; grep -v '^parts' "$R/passes.txt" | tail -6; grep '^parts' "$R/passes.txt"
-awk -f .ci/conv-verdict.awk "$R/passes.txt" "$R/pt.txt" | sed 's/^/back to back: /'
+awk -f tools/conv-verdict.awk "$R/passes.txt" "$R/pt.txt" | sed 's/^/back to back: /'
 timeout 60 /tmp/b/conv_bench --bench 'coop16/large' < /dev/null > "$R/large.txt" 2>&1
 echo "large shape: rc=$?"; summary "$R/large.txt"
 while read -r label env; do
