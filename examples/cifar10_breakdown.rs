@@ -1,10 +1,15 @@
-//! Where one training step of the Aether-ML v1 CIFAR-10 model goes, on the
-//! chosen device: the instrument the PyTorch side-by-side in BENCHMARKS.md is
-//! read from (`benches/pytorch_reference.py` prints the same layout).
+//! Where one training step of a CIFAR-10 network goes, on the chosen device:
+//! the instrument the PyTorch side-by-side in BENCHMARKS.md is read from
+//! (`benches/pytorch_reference.py` prints the same layout for v1,
+//! `benches/pytorch_models.py --model M` the step times of every model).
 //!
-//!     cargo run --release --example cifar10_breakdown -- \
+//!     cargo run --release --example cifar10_breakdown -- [--model v1|resnet18|airbench94] \
 //!         [--batch-size 256] [--repeats 30] [--device auto|gpu|cpu] [--json PATH]
 //!         [--f32-activations] [--separate-dropout]
+//!
+//! - `--model`: Aether-ML's v1 (default), `zoo::resnet18_cifar` or
+//!   `zoo::airbench94_net`, the last trained here with AdamW (lr 1e-3, weight
+//!   decay 0.01) and label smoothing 0.2, as `pytorch_models.py` trains it.
 //!
 //! - ms/step: the median over `--repeats` steps of upload + record + submit +
 //!   wait, each step synchronised on its own (what a caller of `train_batch`
@@ -38,10 +43,11 @@ use aether::gpu::{DevicePreference, GpuOptions};
 use aether::{Device, Model, Result, Tensor};
 use serde::Serialize;
 
-const USAGE: &str = "usage: cifar10_breakdown [--batch-size N] [--repeats N] \
+const USAGE: &str = "usage: cifar10_breakdown [--model v1|resnet18|airbench94] [--batch-size N] [--repeats N] \
                      [--device auto|gpu|cpu] [--json PATH] [--f32-activations] [--separate-dropout]";
 
 struct Args {
+    model: String,
     batch: usize,
     repeats: usize,
     device: Option<DevicePreference>,
@@ -53,6 +59,7 @@ struct Args {
 impl Args {
     fn parse() -> std::result::Result<Self, String> {
         let mut args = Args {
+            model: "v1".into(),
             batch: 256,
             repeats: 30,
             device: None,
@@ -68,6 +75,15 @@ impl Args {
                 _ => Err(format!("{flag} takes a whole number >= 1, got {v:?}")),
             };
             match flag.as_str() {
+                "--model" => {
+                    args.model = value()?;
+                    if !["v1", "resnet18", "airbench94"].contains(&args.model.as_str()) {
+                        return Err(format!(
+                            "--model takes v1|resnet18|airbench94, got {:?}",
+                            args.model
+                        ));
+                    }
+                }
                 "--batch-size" => args.batch = count(value()?)?,
                 "--repeats" => args.repeats = count(value()?)?,
                 "--device" => {
@@ -108,6 +124,7 @@ struct ConvRow {
 #[derive(Serialize)]
 struct Report {
     adapter: String,
+    model: String,
     batch: usize,
     repeats: usize,
     ms_per_step: f64,
@@ -163,9 +180,10 @@ fn run(args: &Args) -> Result<()> {
         None => "cpu (pure-Rust path)".to_owned(),
     };
     println!("{adapter}");
+    println!("model {}", args.model);
     let batch = args.batch;
     let (x, y) = synthetic_images(batch, 32, 32, 1)?;
-    let mut model = aether::zoo::cifar10_v1(1)
+    let mut model = network(&args.model)
         .f16_activations(args.f16_activations)
         .fuse_dropout(args.fuse_dropout);
     model.to(&device)?;
@@ -243,6 +261,7 @@ fn run(args: &Args) -> Result<()> {
     };
     let mut report = Report {
         adapter,
+        model: args.model.clone(),
         batch,
         repeats: args.repeats,
         ms_per_step,
@@ -281,6 +300,25 @@ fn run(args: &Args) -> Result<()> {
         println!("wrote {path}");
     }
     Ok(())
+}
+
+/// The network `name`, configured to train.
+fn network(name: &str) -> Model {
+    match name {
+        "resnet18" => aether::zoo::resnet18_cifar(10, 1),
+        "airbench94" => {
+            let mut model = aether::zoo::airbench94_net(1);
+            model.configure(
+                aether::Loss::SoftmaxCrossEntropy {
+                    label_smoothing: 0.2,
+                },
+                aether::optim::Adam::adamw(1e-3, 0.01),
+                aether::Metric::CategoricalAccuracy,
+            );
+            model
+        }
+        _ => aether::zoo::cifar10_v1(1),
+    }
 }
 
 /// GPU times of `repeats` profiled steps: by scope (layer and direction) and by
@@ -385,9 +423,10 @@ fn sorted(rows: impl Iterator<Item = (String, f64)>) -> Vec<(String, f64)> {
 
 fn print_report(r: &Report) {
     println!(
-        "v1 CIFAR-10 model, batch {}, 32x32x3: {:.3} ms/step (median of {} synchronised steps), \
+        "{} CIFAR-10 model, batch {}, 32x32x3: {:.3} ms/step (median of {} synchronised steps), \
          {:.0} images/s; pipelined {:.3} ms/step ({:.3} ms of it on the host); host time to \
          record a step {:.3} ms",
+        r.model,
         r.batch,
         r.ms_per_step,
         r.repeats,
