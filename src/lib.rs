@@ -44,6 +44,7 @@ pub mod optim;
 pub mod progress;
 pub mod tensor;
 pub mod threads;
+pub mod tta;
 pub mod zoo;
 
 pub use conv::Padding;
@@ -52,6 +53,7 @@ pub use error::{AetherError, Result};
 pub use graph::{Graph, NodeId};
 pub use model::{Checkpoint, Gradients, History, Loss, Metric, Model, TrainOptions};
 pub use tensor::{DType, Shape, Tensor};
+pub use tta::Tta;
 pub use wgpu;
 
 /// README.md's Rust examples, run by `cargo test --doc` so they cannot rot.
