@@ -337,7 +337,8 @@ impl Model {
         self
     }
 
-    /// Appends a layer. After `finalize` this takes the model back to
+    /// Appends a layer taking the output of the last one (the model's input
+    /// for the first; in a graph model, the output). After `finalize` this takes the model back to
     /// unfinalized (training, prediction and `save` then ask for `finalize`,
     /// which builds every layer afresh): the new layer has no weights yet.
     pub fn add(&mut self, layer: impl Layer + 'static) -> &mut Self {
