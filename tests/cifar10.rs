@@ -296,6 +296,7 @@ fn parser_reads_every_option() {
         save: Some("m.safetensors".into()),
         plot: Some("p.png".into()),
         augment: true,
+        model: args::ZooModel::V1,
         help: true,
     };
     assert_eq!(args, want);
@@ -308,6 +309,10 @@ fn parser_reads_every_option() {
         Some(DevicePreference::Auto)
     );
     assert!(parse(&["-h"]).expect("parse").help);
+    assert_eq!(
+        parse(&["--model", "resnet18"]).expect("parse").model,
+        args::ZooModel::Resnet18
+    );
     assert_eq!(
         parse(&["--epochs", "2", "--epochs", "5"])
             .expect("parse")
@@ -334,6 +339,7 @@ fn parser_rejects_unknown_options_and_bad_values_with_a_message() {
         (&["--lr", "nan"], "--lr"),
         (&["--lr", "fast"], "--lr"),
         (&["--device", "tpu"], "--device: expected cpu, gpu or auto"),
+        (&["--model", "vgg"], "--model: expected v1 or resnet18"),
         (&["--epochs"], "--epochs needs a value"),
         (&["--data", "--epochs", "3"], "--data needs a value"),
         (&["--save="], "--save: expected a path"),

@@ -23,7 +23,18 @@ pub struct Cifar10Args {
     pub save: Option<PathBuf>,
     pub plot: Option<PathBuf>,
     pub augment: bool,
+    /// `--model`: which zoo network trains.
+    pub model: ZooModel,
     pub help: bool,
+}
+
+/// The networks `--model` chooses from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZooModel {
+    /// `aether::zoo::cifar10_v1`, the default.
+    V1,
+    /// `aether::zoo::resnet18_cifar`, a graph with residual adds.
+    Resnet18,
 }
 
 impl Default for Cifar10Args {
@@ -40,6 +51,7 @@ impl Default for Cifar10Args {
             save: None,
             plot: None,
             augment: false,
+            model: ZooModel::V1,
             help: false,
         }
     }
@@ -47,8 +59,8 @@ impl Default for Cifar10Args {
 
 /// The `--help` text of the example.
 pub const USAGE: &str = "\
-Train the reference CNN (aether::zoo::cifar10_v1) on CIFAR-10, or on an embedded
-synthetic stand-in when no data directory is given.
+Train a reference CNN (aether::zoo::cifar10_v1, or resnet18_cifar) on CIFAR-10, or on
+an embedded synthetic stand-in when no data directory is given.
 
 usage: cargo run --release --example cifar10 -- [options]
 
@@ -57,6 +69,7 @@ options:
                      test_batch.bin (batches.meta.txt optional) in DIR or
                      DIR/cifar-10-batches-bin. Default: $AETHER_CIFAR10; without either,
                      a synthetic 10-class set made in code (NOT CIFAR-10)
+  --model M          v1 (default: zoo::cifar10_v1) or resnet18 (zoo::resnet18_cifar)
   --epochs N         training epochs (default 10)
   --batch-size N     images per step (default 256)
   --lr F             AdamW learning rate (default 0.001)
@@ -123,6 +136,15 @@ impl Cifar10Args {
                 "--limit" => parsed.limit = Some(count_value(name, value)?),
                 "--test-limit" => parsed.test_limit = Some(count_value(name, value)?),
                 "--save" => parsed.save = Some(path_value(name, value)?),
+                "--model" => {
+                    parsed.model = match value {
+                        "v1" => ZooModel::V1,
+                        "resnet18" => ZooModel::Resnet18,
+                        other => {
+                            return Err(format!("--model: expected v1 or resnet18, got {other:?}"));
+                        }
+                    }
+                }
                 _ => parsed.plot = Some(path_value(name, value)?),
             }
         }
@@ -139,8 +161,9 @@ impl Cifar10Args {
     }
 }
 
-const OPTIONS_WITH_VALUE: [&str; 10] = [
+const OPTIONS_WITH_VALUE: [&str; 11] = [
     "--data",
+    "--model",
     "--epochs",
     "--batch-size",
     "--lr",

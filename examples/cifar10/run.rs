@@ -12,7 +12,7 @@ use aether::optim::Adam;
 use aether::progress::Progress;
 use aether::{AetherError, Device, Loss, Metric, Model, Result, Tensor};
 
-use crate::args::{Cifar10Args, check_args};
+use crate::args::{Cifar10Args, ZooModel, check_args};
 
 /// What one epoch of [`run`] measured.
 #[derive(Clone, Debug, PartialEq)]
@@ -94,7 +94,11 @@ pub fn run(args: &Cifar10Args) -> Result<RunSummary> {
     }
     println!("classes: {}", data.class_names.join(", "));
     println!(
-        "model: zoo::cifar10_v1, seed {}; AdamW lr {}, batch size {}, {} epochs, augmentation {}",
+        "model: zoo::{}, seed {}; AdamW lr {}, batch size {}, {} epochs, augmentation {}",
+        match args.model {
+            ZooModel::V1 => "cifar10_v1",
+            ZooModel::Resnet18 => "resnet18_cifar",
+        },
         args.seed,
         args.lr,
         args.batch_size,
@@ -106,8 +110,11 @@ pub fn run(args: &Cifar10Args) -> Result<RunSummary> {
         }
     );
 
-    let mut model = aether::zoo::cifar10_v1(args.seed);
-    // Loss and weight decay as in zoo::cifar10_v1; only the learning rate is ours.
+    let mut model = match args.model {
+        ZooModel::V1 => aether::zoo::cifar10_v1(args.seed),
+        ZooModel::Resnet18 => aether::zoo::resnet18_cifar(10, args.seed),
+    };
+    // Loss and weight decay as in the zoo (both alike); only the learning rate is ours.
     model.configure(
         Loss::SoftmaxCrossEntropy {
             label_smoothing: 0.05,
