@@ -34,3 +34,85 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     }
     Ok(())
 }
+
+/// The most bytes aether reads from a model file: 16 GiB, four billion f32
+/// values, past what one model's tensors may hold on a GPU.
+pub const MAX_MODEL_FILE_BYTES: u64 = 16 << 30;
+/// The most bytes aether reads from a pipeline-cache file (wgpu's are a few MiB).
+pub const MAX_PIPELINE_CACHE_BYTES: u64 = 256 << 20;
+
+/// The contents of `path`, a regular file (a link to one is followed) of at
+/// most `max` bytes. Anything else is refused before it is opened or read,
+/// with an error of kind `InvalidInput` (not a regular file: a FIFO would
+/// block the open, a device such as `/dev/zero` never ends) or `FileTooLarge`
+/// (over `max`, checked again while reading in case the file grows), so no
+/// file makes aether hang or take more memory than `max`. Every file aether
+/// reads goes through here. A file swapped for a FIFO between the check and
+/// the open could still block the open; the handle is checked again once open.
+pub fn read_regular(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let (file, len) = open_regular(path, max)?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(too_large(bytes.len() as u64, max));
+    }
+    Ok(bytes)
+}
+
+/// `path` opened for reading and its length, with the checks of
+/// [`read_regular`]; for a caller that reads it in pieces, no more than `max`
+/// bytes.
+pub fn open_regular(path: &Path, max: u64) -> std::io::Result<(std::fs::File, u64)> {
+    use std::io::{Error, ErrorKind};
+    let check = |meta: &std::fs::Metadata| {
+        if !meta.is_file() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("not a regular file (a {})", file_kind(meta)),
+            ));
+        }
+        if meta.len() > max {
+            return Err(too_large(meta.len(), max));
+        }
+        Ok(())
+    };
+    check(&std::fs::metadata(path)?)?;
+    let file = std::fs::File::open(path)?;
+    let meta = file.metadata()?;
+    check(&meta)?;
+    Ok((file, meta.len()))
+}
+
+fn too_large(bytes: u64, max: u64) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::FileTooLarge,
+        format!("{bytes} bytes or more, past the limit of {max} bytes"),
+    )
+}
+
+/// What a file that is not a regular one is, for error messages.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        if t.is_fifo() {
+            return "FIFO";
+        }
+        if t.is_char_device() {
+            return "character device";
+        }
+        if t.is_block_device() {
+            return "block device";
+        }
+        if t.is_socket() {
+            return "socket";
+        }
+    }
+    if meta.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }
+}

@@ -1104,10 +1104,12 @@ fn file_err(path: &Path, reason: String) -> AetherError {
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| AetherError::Io {
-        action: "read model",
-        path: path.to_owned(),
-        source,
+    crate::io::read_regular(path, crate::io::MAX_MODEL_FILE_BYTES).map_err(|source| {
+        AetherError::Io {
+            action: "read model",
+            path: path.to_owned(),
+            source,
+        }
     })
 }
 
