@@ -116,3 +116,90 @@ fn file_kind(meta: &std::fs::Metadata) -> &'static str {
         "special file"
     }
 }
+
+/// The first key that appears twice in one object of a safetensors file's
+/// JSON header `bytes` (its top level, the tensors' entries, the metadata):
+/// the parsers keep the last and lose the rest, so a model file with one is
+/// refused rather than read one way here and another way elsewhere. `None`
+/// where every key is unique, or the header is not readable (the safetensors
+/// parser reports that).
+pub(crate) fn duplicate_header_key(bytes: &[u8]) -> Option<String> {
+    let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let header = bytes.get(8..8usize.checked_add(usize::try_from(len).ok()?)?)?;
+    let mut de = serde_json::Deserializer::from_slice(header);
+    serde::de::DeserializeSeed::deserialize(UniqueKeys { depth: 0 }, &mut de)
+        .ok()
+        .flatten()
+}
+
+/// Walks a JSON value, returning the first key repeated within one object
+/// at depth 0 or 1 (deeper values are skipped).
+struct UniqueKeys {
+    depth: u8,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for UniqueKeys {
+    type Value = Option<String>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for UniqueKeys {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        let mut duplicate = None;
+        while let Some(key) = map.next_key::<String>()? {
+            let inner = if self.depth == 0 {
+                map.next_value_seed(UniqueKeys { depth: 1 })?
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+                None
+            };
+            if duplicate.is_none() {
+                duplicate = if seen.insert(key.clone()) {
+                    inner
+                } else {
+                    Some(key)
+                };
+            }
+        }
+        Ok(duplicate)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}

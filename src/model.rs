@@ -135,7 +135,13 @@ pub struct Model {
     f16_input_grads: Vec<bool>,
     seed: u64,
     step: u64,
+    /// See [`Model::cpu_tensor_limit`].
+    cpu_tensor_bytes: u64,
 }
+
+/// The default of [`Model::cpu_tensor_limit`]: 2 GiB, the largest buffer
+/// most GPUs bind.
+pub const DEFAULT_CPU_TENSOR_BYTES: u64 = 2 << 30;
 
 impl Default for Model {
     fn default() -> Self {
@@ -226,7 +232,19 @@ impl Model {
             f16_input_grads: Vec::new(),
             seed: 0,
             step: 0,
+            cpu_tensor_bytes: DEFAULT_CPU_TENSOR_BYTES,
         }
+    }
+
+    /// The most bytes one activation tensor (a batch's input or a layer's
+    /// output, f32) may take on the CPU; default [`DEFAULT_CPU_TENSOR_BYTES`].
+    /// Inference splits a batch to fit, as on a GPU; a single sample, or a
+    /// training batch, past it is a `TooLarge` error naming the layer, before
+    /// anything allocates: a crafted geometry (a 1x1 conv padded by 16383)
+    /// cannot make `predict` take gigabytes.
+    pub fn cpu_tensor_limit(mut self, bytes: u64) -> Self {
+        self.cpu_tensor_bytes = bytes;
+        self
     }
 
     /// Seeds weight initialisation and dropout masks (before `finalize`).
@@ -285,20 +303,11 @@ impl Model {
         self
     }
 
-    /// Builds every layer for per-sample `input_shape` on the model's device.
-    /// Shape errors name the layer by index.
-    pub fn finalize(&mut self, input_shape: &[usize]) -> Result<()> {
-        self.finalize_within(input_shape, None)
-    }
-
-    /// [`Model::finalize`], refusing before any layer builds where the
-    /// layers' state would take more than `state_budget` values: a model
-    /// file's architecture may ask for no more than the file's tensors hold.
-    fn finalize_within(
-        &mut self,
-        input_shape: &[usize],
-        state_budget: Option<usize>,
-    ) -> Result<()> {
+    /// `Ok` where the loss and the optimizer, as configured now, can train
+    /// the layers: hyperparameters in range, the loss fits the last layer.
+    /// `finalize` checks it, and so does every training step before its
+    /// forward pass, since `configure` may have changed them since.
+    fn check_configuration(&self) -> Result<()> {
         if let Some(optimizer) = &self.optimizer {
             optimizer.validate()?;
         }
@@ -309,17 +318,6 @@ impl Model {
         {
             let valid = (0.0..=1.0).contains(&label_smoothing);
             check_hyperparameter("label_smoothing", label_smoothing, valid, "in [0, 1]")?;
-        }
-        // Every layer's sizes follow from the input's: a sample's values must
-        // be countable (no overflow downstream) and indexable by the kernels.
-        let values = input_shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d).filter(|_| d > 0));
-        if input_shape.is_empty() || values.is_none_or(|v| v > u32::MAX as usize) {
-            return Err(model_err(format!(
-                "input shape {input_shape:?}: each sample needs 1 to {} values, every axis at least 1",
-                u32::MAX
-            )));
         }
         if let (Some(Loss::SoftmaxCrossEntropy { .. }), Some(last)) =
             (self.loss, self.layers.last())
@@ -338,6 +336,35 @@ impl Model {
                 "CategoricalCrossEntropy takes probabilities, but the last layer is {:?}; \
                  end the model with a Softmax layer, or use SoftmaxCrossEntropy on logits",
                 last.spec()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Builds every layer for per-sample `input_shape` on the model's device.
+    /// Shape errors name the layer by index.
+    pub fn finalize(&mut self, input_shape: &[usize]) -> Result<()> {
+        self.finalize_within(input_shape, None)
+    }
+
+    /// [`Model::finalize`], refusing before any layer builds where the
+    /// layers' state would take more than `state_budget` values: a model
+    /// file's architecture may ask for no more than the file's tensors hold.
+    fn finalize_within(
+        &mut self,
+        input_shape: &[usize],
+        state_budget: Option<usize>,
+    ) -> Result<()> {
+        self.check_configuration()?;
+        // Every layer's sizes follow from the input's: a sample's values must
+        // be countable (no overflow downstream) and indexable by the kernels.
+        let values = input_shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d).filter(|_| d > 0));
+        if input_shape.is_empty() || values.is_none_or(|v| v > u32::MAX as usize) {
+            return Err(model_err(format!(
+                "input shape {input_shape:?}: each sample needs 1 to {} values, every axis at least 1",
+                u32::MAX
             )));
         }
         // The layers build afresh: until every one has, the model is not
@@ -618,6 +645,11 @@ impl Model {
 
     /// One optimizer step on a batch; returns the (GPU-resident) loss and correct count.
     fn train_step(&mut self, x: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
+        // Before the forward pass moves any BatchNorm statistic.
+        if self.loss.is_none() || self.optimizer.is_none() {
+            return Err(model_err("call configure(loss, optimizer, metric) first"));
+        }
+        self.check_configuration()?;
         let mode = Mode::Train {
             seed: self.seed,
             step: self.step as u32,
@@ -732,6 +764,7 @@ impl Model {
     /// statistics included), where one batch of `batch` samples would give a
     /// BatchNorm layer one value per channel.
     fn check_batch(&self, batch: usize) -> Result<()> {
+        self.check_training_batch(batch)?;
         match self.starved_batchnorm(batch)? {
             Some((i, values)) => Err(model_err(format!(
                 "a batch of {batch} gives layer {i} (BatchNorm) {values} value(s) per channel; \
@@ -914,26 +947,31 @@ impl Model {
             ))
     }
 
-    /// The most samples whose activations fit one GPU buffer (f32 values), or
-    /// `None` on the CPU, where nothing limits a batch.
-    fn samples_per_buffer(&self) -> Result<Option<usize>> {
-        let Device::Gpu(ctx) = &self.device else {
-            return Ok(None);
-        };
-        let limits = &ctx.caps().limits;
-        let limit = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
+    /// The most bytes one activation tensor may take: on a GPU, one buffer
+    /// (`max_storage_buffer_binding_size` and `max_buffer_size`); on the CPU,
+    /// [`Model::cpu_tensor_limit`].
+    fn tensor_limit(&self) -> u64 {
+        match &self.device {
+            Device::Gpu(ctx) => {
+                let limits = &ctx.caps().limits;
+                limits
+                    .max_storage_buffer_binding_size
+                    .min(limits.max_buffer_size)
+            }
+            Device::Cpu => self.cpu_tensor_bytes,
+        }
+    }
+
+    /// The most samples whose activations (f32 values) fit
+    /// [`Model::tensor_limit`]: checked before any layer allocates, so a
+    /// model whose geometry blows an activation up is refused, not run.
+    fn samples_per_buffer(&self) -> Result<usize> {
         let (_, _, values) = self.largest_activation()?;
-        Ok(Some((limit / (values as u64 * 4)) as usize))
+        Ok((self.tensor_limit() / (values as u64 * 4)) as usize)
     }
 
     /// A `TooLarge` error for `samples` samples of the largest activation.
     fn batch_too_large(&self, samples: usize, context: &str) -> Result<AetherError> {
-        let Device::Gpu(ctx) = &self.device else {
-            return Err(model_err("batch limits apply only to GPU devices"));
-        };
-        let limits = &ctx.caps().limits;
         let (layer, shape, values) = self.largest_activation()?;
         let tensor = match layer {
             None => "the input".to_owned(),
@@ -941,13 +979,15 @@ impl Model {
         };
         Ok(AetherError::TooLarge {
             what: format!(
-                "{context}: {tensor}, {samples} x {shape:?} f32 ({} samples fit one buffer)",
-                self.samples_per_buffer()?.unwrap_or(0)
+                "{context}: {tensor}, {samples} x {shape:?} f32 ({} samples fit one {})",
+                self.samples_per_buffer()?,
+                match self.device {
+                    Device::Gpu(_) => "GPU buffer",
+                    Device::Cpu => "CPU tensor (Model::cpu_tensor_limit)",
+                }
             ),
             bytes: samples as u64 * values as u64 * 4,
-            limit: limits
-                .max_storage_buffer_binding_size
-                .min(limits.max_buffer_size),
+            limit: self.tensor_limit(),
         })
     }
 
@@ -957,17 +997,16 @@ impl Model {
     fn inference_batch(&self, requested: usize) -> Result<usize> {
         let requested = requested.max(1);
         match self.samples_per_buffer()? {
-            Some(0) => Err(self.batch_too_large(1, "inference on one sample")?),
-            Some(fit) => Ok(requested.min(fit)),
-            None => Ok(requested),
+            0 => Err(self.batch_too_large(1, "inference on one sample")?),
+            fit => Ok(requested.min(fit)),
         }
     }
 
-    /// Refuses a training batch whose activations do not fit one GPU buffer:
+    /// Refuses a training batch whose activations do not fit one tensor:
     /// splitting it would change the BatchNorm statistics and the gradient.
     fn check_training_batch(&self, batch: usize) -> Result<()> {
         match self.samples_per_buffer()? {
-            Some(fit) if batch > fit => {
+            fit if batch > fit => {
                 Err(self.batch_too_large(batch, "training batch (reduce batch_size)")?)
             }
             _ => Ok(()),
@@ -1118,6 +1157,12 @@ fn parse<'b>(path: &Path, bytes: &'b [u8]) -> Result<(Architecture, safetensors:
         .map_err(|e| file_err(path, format!("not a complete safetensors file ({e})")))?;
     let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
         .map_err(|e| file_err(path, format!("unreadable header ({e})")))?;
+    if let Some(key) = crate::io::duplicate_header_key(bytes) {
+        return Err(file_err(
+            path,
+            format!("key {key:?} appears twice in the header (which one counts is ambiguous)"),
+        ));
+    }
     let json = meta
         .metadata()
         .as_ref()

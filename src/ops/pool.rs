@@ -545,6 +545,15 @@ pub fn max_pool2d_backward(
     Ok(dx)
 }
 
+/// The per-sample output `[H_out, W_out, C]` of pooling a per-sample input
+/// `[H, W, C]` with `p`, with every check the kernels make (a window of
+/// padding only included), so a layer that builds can always run.
+pub fn pooled_dims(op: &'static str, input: [usize; 3], p: &PoolParams) -> Result<[usize; 3]> {
+    let [h, w, c] = input;
+    let g = PoolGeometry::new(op, [1, h, w, c], p)?;
+    Ok([g.h_out, g.w_out, g.c])
+}
+
 /// Whether pooling NHWC `input` with `p` tiles it with windows (stride equal to
 /// the filter, no padding, nothing left over): what [`max_pool2d_dropout`] needs.
 pub fn windows_tile(input: [usize; 4], p: &PoolParams) -> bool {
