@@ -35,6 +35,37 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Checks, before long work whose result goes to `path`, that
+/// [`write_atomic`] will be able to write it: `path` is not a directory and a
+/// file can be created next to it (the directory is created as
+/// `write_atomic` would). The probe file is removed again.
+pub fn check_writable(path: &Path) -> Result<()> {
+    let io = |action, source| AetherError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    };
+    if path.is_dir() || path.file_name().is_none() {
+        return Err(io(
+            "write",
+            std::io::Error::new(
+                std::io::ErrorKind::IsADirectory,
+                "is a directory, not a file",
+            ),
+        ));
+    }
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    if let Some(dir) = dir {
+        std::fs::create_dir_all(dir).map_err(|e| io("create directory for", e))?;
+    }
+    let mut probe_name = path.file_name().unwrap_or_default().to_owned();
+    probe_name.push(format!(".probe-{}", std::process::id()));
+    let probe = path.with_file_name(probe_name);
+    std::fs::File::create(&probe).map_err(|e| io("write", e))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 /// The most bytes aether reads from a model file: 16 GiB, four billion f32
 /// values, past what one model's tensors may hold on a GPU.
 pub const MAX_MODEL_FILE_BYTES: u64 = 16 << 30;

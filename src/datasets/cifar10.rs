@@ -481,7 +481,12 @@ fn check_args(args: &Cifar10Args) -> Result<()> {
         )));
     }
     let valid = args.lr.is_finite() && args.lr > 0.0;
-    check_hyperparameter("Cifar10Args lr", args.lr, valid, "finite and > 0")
+    check_hyperparameter("Cifar10Args lr", args.lr, valid, "finite and > 0")?;
+    // A bad --save or --plot path is reported now, not after training.
+    for path in args.save.iter().chain(&args.plot) {
+        crate::io::check_writable(path)?;
+    }
+    Ok(())
 }
 
 fn count_value(name: &str, value: &str) -> Result<usize, String> {
