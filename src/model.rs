@@ -201,6 +201,16 @@ impl PendingLosses {
         Ok((loss_sum, correct_sum))
     }
 
+    /// The step number and loss of the step `back` steps before the last
+    /// one recorded.
+    fn before_last(&self, back: u64) -> Option<&(u64, Tensor, Tensor)> {
+        let back = usize::try_from(back).ok()?;
+        self.steps
+            .len()
+            .checked_sub(back + 1)
+            .map(|i| &self.steps[i])
+    }
+
     fn non_finite(&self, step: u64, loss: f32) -> AetherError {
         AetherError::NonFiniteLoss {
             step,
@@ -537,6 +547,15 @@ impl Model {
             )));
         }
         let n = x.len() / per;
+        // A NaN or Inf input would come out as a NaN prediction or loss.
+        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+            return Err(model_err(format!(
+                "value {} of sample {} (index {} within it) is not finite",
+                x[i],
+                i / per,
+                i % per
+            )));
+        }
         if let Some(y) = labels {
             if y.len() != n {
                 return Err(model_err(format!("{n} samples but {} labels", y.len())));
@@ -621,6 +640,46 @@ impl Model {
         if rounds { DType::F16 } else { DType::F32 }
     }
 
+    /// `Ok` where every training step so far had a finite loss and finite
+    /// gradients. Else the error naming the first that did not: that step
+    /// and every later one changed nothing (the optimizer skipped them, see
+    /// [`Adam`]), and they are taken back, so the model is as it was before
+    /// it and trains on from there. [`Model::train`] checks this on its
+    /// logging steps and at every epoch's end; after [`Model::train_batch`]
+    /// or [`Model::train_tensors`] call it where their loss is read (it waits
+    /// for the steps recorded so far).
+    pub fn check_steps(&mut self) -> Result<()> {
+        self.check_skipped(None)
+    }
+
+    /// [`Model::check_steps`], naming the step as `pending` numbers it and,
+    /// where its loss is recorded there and not finite, as `NonFiniteLoss`.
+    pub(crate) fn check_skipped(&mut self, pending: Option<&PendingLosses>) -> Result<()> {
+        let Some(optimizer) = &mut self.optimizer else {
+            return Ok(());
+        };
+        let Some(first) = optimizer.skipped_step()? else {
+            return Ok(());
+        };
+        let later = u64::from(optimizer.steps() - first);
+        let taken_back = u64::from(optimizer.reopen()?);
+        let bad_step = self.step - later;
+        self.step = self.step.saturating_sub(taken_back);
+        if let Some(pending) = pending
+            && let Some((step, loss, _)) = pending.before_last(later)
+        {
+            let value = loss.to_vec_f32()?[0];
+            if !value.is_finite() {
+                return Err(pending.non_finite(*step, value));
+            }
+            return Err(AetherError::NonFiniteStep { step: *step, later });
+        }
+        Err(AetherError::NonFiniteStep {
+            step: bad_step,
+            later,
+        })
+    }
+
     /// One optimizer step on a batch of host data; returns the loss and the
     /// correct count without reading them back.
     pub fn train_batch(&mut self, x: &[f32], y: &[u32]) -> Result<(Tensor, Tensor)> {
@@ -689,11 +748,12 @@ impl Model {
                 decays: t.decays,
             })
             .collect();
-        optimizer.step(&mut params)?;
+        optimizer.step_with_loss(&mut params, Some(&loss))?;
         drop(params);
         drop(trainables);
         for layer in &mut self.layers {
             layer.params_updated();
+            layer.commit_step(optimizer.gate())?;
         }
         // The next backward writes the gradients where the optimizer reads them,
         // and the next forward takes the f16 weights the optimizer wrote.
@@ -834,7 +894,9 @@ impl Model {
                 let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
                 let yb = Tensor::from_u32(vec![chunk.len()], labels, &self.device)?;
                 let (loss, correct) = self.train_step(&xb, &yb)?;
+                pending.push(self.step, loss.clone(), correct.clone());
                 if (s + 1) % options.log_every.max(1) == 0 || s + 1 == steps {
+                    self.check_skipped(Some(&pending))?;
                     let value = pending.logged(self.step, &loss)?;
                     if let Some(bar) = &bar {
                         let rate = (s + 1) as f64 / start.elapsed().as_secs_f64();
@@ -847,8 +909,8 @@ impl Model {
                 if let Some(bar) = &bar {
                     bar.inc(1);
                 }
-                pending.push(self.step, loss, correct);
             }
+            self.check_skipped(Some(&pending))?;
             let (loss_sum, correct_sum) = pending.totals()?;
             let reg = self.regularization_loss()?.unwrap_or(0.0);
             let validation = match options.validation {
@@ -1121,6 +1183,7 @@ impl Model {
                     ));
                 }
                 let values: Vec<f32> = bytemuck::pod_collect_to_vec(view.data());
+                check_loaded_values(path, &key, name, &values)?;
                 loaded.push((
                     i,
                     name,
@@ -1133,6 +1196,32 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// A file's tensor `key` (state `name` of its layer) as a trained model
+/// could hold it: every value finite, a running variance not negative.
+fn check_loaded_values(path: &Path, key: &str, name: &str, values: &[f32]) -> Result<()> {
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        return Err(file_err(
+            path,
+            format!(
+                "tensor {key} holds {} at index {i}, not a finite value",
+                values[i]
+            ),
+        ));
+    }
+    if name == "running_var"
+        && let Some(i) = values.iter().position(|&v| v < 0.0)
+    {
+        return Err(file_err(
+            path,
+            format!(
+                "tensor {key} holds the negative variance {} at index {i}",
+                values[i]
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn file_err(path: &Path, reason: String) -> AetherError {

@@ -336,3 +336,276 @@ fn the_cifar10_run_refuses_an_unwritable_save_or_plot_path_before_training() {
         .collect();
     assert_eq!(left, ["a-file"]);
 }
+
+/// The parameters of `adam`'s test: two tensors, one with a NaN gradient.
+fn adam_case(device: &Device, bad: f32) -> (Vec<aether::Tensor>, Vec<aether::Tensor>) {
+    let params = vec![
+        aether::Tensor::from_f32(vec![37], values(37, 1), device).unwrap(),
+        aether::Tensor::from_f32(vec![5], values(5, 2), device).unwrap(),
+    ];
+    let mut g = values(5, 4);
+    g[3] = bad;
+    let grads = vec![
+        aether::Tensor::from_f32(vec![37], values(37, 3), device).unwrap(),
+        aether::Tensor::from_f32(vec![5], g, device).unwrap(),
+    ];
+    (params, grads)
+}
+
+/// Issue 37 item 6: an Adam step with one non-finite gradient changes no
+/// parameter, nor does any step after it until the gate is reopened, which
+/// takes the skipped steps back; a finite step then updates as a first step.
+#[test]
+fn a_non_finite_gradient_skips_the_adam_step_and_every_later_one() {
+    use aether::optim::Param;
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    for device in devices {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let (mut params, bad_grads) = adam_case(&device, bad);
+            let (_, mut good_grads) = adam_case(&device, 0.5);
+            good_grads.reverse();
+            let (_, good) = adam_case(&device, 0.5);
+            let before: Vec<Vec<f32>> = params.iter().map(|p| p.to_vec_f32().unwrap()).collect();
+            let mut adam = Adam::new(1e-2);
+            for grads in [&bad_grads, &good] {
+                let [a, b] = &mut params[..] else {
+                    unreachable!()
+                };
+                adam.step(&mut [
+                    Param {
+                        value: a,
+                        grad: &grads[0],
+                        l1: 0.0,
+                        l2: 0.0,
+                        decays: true,
+                    },
+                    Param {
+                        value: b,
+                        grad: &grads[1],
+                        l1: 0.0,
+                        l2: 0.0,
+                        decays: true,
+                    },
+                ])
+                .unwrap();
+            }
+            let after: Vec<Vec<f32>> = params.iter().map(|p| p.to_vec_f32().unwrap()).collect();
+            assert_eq!(after, before, "{bad} on {}", device.name());
+            assert_eq!(adam.skipped_step().unwrap(), Some(1));
+            assert_eq!(adam.reopen().unwrap(), 2);
+            assert_eq!((adam.steps(), adam.skipped_step().unwrap()), (0, None));
+            // A finite step now moves every parameter, as a fresh optimizer's first.
+            // Copies: on the GPU the parameters are views the step updates in place.
+            let mut fresh_params: Vec<aether::Tensor> = params
+                .iter()
+                .map(|p| {
+                    aether::Tensor::from_f32(p.dims().to_vec(), p.to_vec_f32().unwrap(), &device)
+                        .unwrap()
+                })
+                .collect();
+            let mut fresh = Adam::new(1e-2);
+            for (opt, ps) in [(&mut adam, &mut params), (&mut fresh, &mut fresh_params)] {
+                let [a, b] = &mut ps[..] else { unreachable!() };
+                opt.step(&mut [
+                    Param {
+                        value: a,
+                        grad: &good[0],
+                        l1: 0.0,
+                        l2: 0.0,
+                        decays: true,
+                    },
+                    Param {
+                        value: b,
+                        grad: &good[1],
+                        l1: 0.0,
+                        l2: 0.0,
+                        decays: true,
+                    },
+                ])
+                .unwrap();
+            }
+            let moved: Vec<Vec<f32>> = params.iter().map(|p| p.to_vec_f32().unwrap()).collect();
+            let expected: Vec<Vec<f32>> = fresh_params
+                .iter()
+                .map(|p| p.to_vec_f32().unwrap())
+                .collect();
+            assert_eq!(moved, expected, "{bad} on {}", device.name());
+            assert!(moved[1].iter().zip(&before[1]).all(|(a, b)| a != b));
+        }
+    }
+}
+
+fn dense_bn_model(device: &Device) -> Model {
+    let mut model = Model::new().seed(11);
+    model.add(Flatten::default());
+    model.add(Dense::new(6));
+    model.add(BatchNorm::new(0.9, 1e-3));
+    model.add(ReLU::default());
+    model.add(Dense::new(3));
+    ready_model(model, device, &[2, 2, 2])
+}
+
+/// Issue 37 item 6: a step on device data holding a NaN changes nothing, nor
+/// do the steps after it (BatchNorm's running statistics included); the
+/// check names it and takes them back, and training goes on exactly as if
+/// they had never been taken.
+#[test]
+fn a_nan_step_changes_nothing_and_training_resumes_from_before_it() {
+    let dir = TempDir::new("nan-step");
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    let good = values(4 * 8, 21);
+    let other = values(4 * 8, 22);
+    let mut poisoned = values(4 * 8, 23);
+    poisoned[13] = f32::NAN;
+    let y = [0u32, 2, 1, 2];
+    for device in devices {
+        let mut model = dense_bn_model(&device);
+        let mut twin = dense_bn_model(&device);
+        let batch = |x: &[f32], model: &Model| {
+            let indices: Vec<usize> = (0..4).collect();
+            let dims = vec![4, 2, 2, 2];
+            (
+                aether::Tensor::from_f32_rows(dims, x, &indices, model.input_dtype(), &device)
+                    .unwrap(),
+                aether::Tensor::from_u32(vec![4], y.to_vec(), &device).unwrap(),
+            )
+        };
+        let (gx, gy) = batch(&good, &model);
+        let (ox, oy) = batch(&other, &model);
+        let (px, py) = batch(&poisoned, &model);
+        model.train_tensors(&gx, &gy).unwrap();
+        twin.train_tensors(&gx, &gy).unwrap();
+        let after_one = state_bits(&model, &dir.0);
+        model.train_tensors(&px, &py).unwrap();
+        model.train_tensors(&ox, &oy).unwrap();
+        assert_eq!(state_bits(&model, &dir.0), after_one, "{}", device.name());
+        match model.check_steps() {
+            Err(AetherError::NonFiniteStep { step: 2, later: 1 }) => {}
+            other => panic!(
+                "expected NonFiniteStep at step 2 on {}, got {other:?}",
+                device.name()
+            ),
+        }
+        model.check_steps().unwrap();
+        model.train_tensors(&ox, &oy).unwrap();
+        twin.train_tensors(&ox, &oy).unwrap();
+        assert_eq!(
+            state_bits(&model, &dir.0),
+            state_bits(&twin, &dir.0),
+            "{}",
+            device.name()
+        );
+        // Host data with a NaN is refused before any step, naming the sample.
+        let err = model.train_batch(&poisoned, &y).map(|_| ()).unwrap_err();
+        assert!(err.to_string().contains("sample 1"), "{err}");
+        let err = model.predict(&poisoned, 4, false).unwrap_err();
+        assert!(err.to_string().contains("not finite"), "{err}");
+        assert!(model.evaluate(&poisoned, &y, 4).is_err());
+    }
+}
+
+/// Issue 37 item 6: `train` on data that overflows to a non-finite loss
+/// stops with `NonFiniteLoss` naming that step, and the model keeps the state
+/// from before it: the same as a model trained on the batches before it.
+#[test]
+fn train_stops_at_a_non_finite_loss_with_the_state_from_before_that_step() {
+    let dir = TempDir::new("nan-train");
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    let mut x = values(16 * 8, 31);
+    // Sample 9, in the third batch of 4 (of 4): finite, but it overflows f32.
+    // Logged every step, step 3 is caught at once; every 20 steps, at the
+    // epoch's end after step 4, which is taken back too.
+    for v in &mut x[9 * 8..10 * 8] {
+        *v = 3e38;
+    }
+    let y: Vec<u32> = (0..16).map(|i| (i * 7 % 3) as u32).collect();
+    for device in devices {
+        for log_every in [1, 20] {
+            let options = TrainOptions {
+                epochs: 2,
+                batch_size: 4,
+                shuffle: false,
+                progress: false,
+                log_every,
+                ..TrainOptions::default()
+            };
+            let mut model = dense_bn_model(&device);
+            match model.train(&x, &y, &options) {
+                Err(AetherError::NonFiniteLoss {
+                    step: 3, epoch: 0, ..
+                }) => {}
+                other => panic!(
+                    "expected NonFiniteLoss at step 3 on {}, got {other:?}",
+                    device.name()
+                ),
+            }
+            let mut twin = dense_bn_model(&device);
+            twin.train(&x[..8 * 8], &y[..8], &options).unwrap();
+            let mut once = dense_bn_model(&device);
+            once.train(
+                &x[..8 * 8],
+                &y[..8],
+                &TrainOptions {
+                    epochs: 1,
+                    ..options.clone()
+                },
+            )
+            .unwrap();
+            assert_eq!(
+                state_bits(&model, &dir.0),
+                state_bits(&once, &dir.0),
+                "{} log_every {log_every}",
+                device.name()
+            );
+            assert_ne!(state_bits(&twin, &dir.0), state_bits(&once, &dir.0));
+        }
+    }
+}
+
+/// Issue 37 item 6: a model file holding a non-finite value, or a negative
+/// running variance, is a `ModelFile` error naming the tensor.
+#[test]
+fn a_model_file_with_invalid_statistics_is_refused() {
+    let dir = TempDir::new("bad-stats");
+    let model = dense_bn_model(&Device::Cpu);
+    let path = dir.0.join("model.aether");
+    model.save(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (key, value, needle) in [
+        ("layers.2.running_var", -0.5f32, "negative variance"),
+        ("layers.2.running_var", f32::NAN, "not a finite value"),
+        ("layers.2.running_mean", f32::INFINITY, "not a finite value"),
+        ("layers.1.kernel", f32::NAN, "not a finite value"),
+    ] {
+        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = file
+            .tensors()
+            .into_iter()
+            .map(|(name, view)| (name, view.shape().to_vec(), view.data().to_vec()))
+            .collect();
+        let target = tensors.iter_mut().find(|(name, ..)| name == key).unwrap();
+        target.2[4..8].copy_from_slice(&value.to_le_bytes());
+        let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+            .iter()
+            .map(|(name, shape, data)| {
+                let view = safetensors::tensor::TensorView::new(
+                    safetensors::Dtype::F32,
+                    shape.clone(),
+                    data,
+                )
+                .unwrap();
+                (name.clone(), view)
+            })
+            .collect();
+        let meta = std::collections::HashMap::from([(
+            "aether_architecture".to_owned(),
+            architecture(&bytes),
+        )]);
+        let crafted = safetensors::serialize(views, Some(meta)).unwrap();
+        let reason = model_file_reason(Model::from_bytes("stats.aether", &crafted, &Device::Cpu));
+        assert!(reason.contains(key) && reason.contains(needle), "{reason}");
+    }
+}

@@ -4,8 +4,8 @@
 // mirror has the bits `cast_f16` would give. (The source starts with
 // `enable f16;`.)
 
-@group(0) @binding(5) var<storage, read_write> params_f16: array<f16>;
-@group(0) @binding(6) var<uniform> step: Params;
+@group(0) @binding(6) var<storage, read_write> params_f16: array<f16>;
+@group(0) @binding(7) var<uniform> step: Params;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

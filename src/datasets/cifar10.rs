@@ -787,6 +787,7 @@ impl Trainer<'_> {
             bar.inc(1);
             pending.push(self.step, loss, correct);
         }
+        self.model.check_skipped(Some(&pending))?;
         let (loss_sum, correct_sum) = pending.totals()?;
         let train_seconds = start.elapsed().as_secs_f64();
         bar.finish_and_clear();
