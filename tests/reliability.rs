@@ -609,3 +609,49 @@ fn a_model_file_with_invalid_statistics_is_refused() {
         assert!(reason.contains(key) && reason.contains(needle), "{reason}");
     }
 }
+
+/// Issue 37 item 2: lavapipe ends an invocation's loops after 65535
+/// iterations in all, and `global_avg_pool` returned 0.125 for planes of
+/// 2^20 ones (each of its 16 lanes looping 65536 times). Planes that long now
+/// take several dispatches: the GPU gives the CPU's bits (the same order of
+/// additions) and the mean, at and past that size.
+#[test]
+fn global_avg_pool_is_right_on_planes_past_65535_iterations_a_lane() {
+    use aether::ops::pool::global_avg_pool;
+    let Some(device) = gpu() else { return };
+    for dims in [
+        [1usize, 1024, 1024, 1],
+        [1, 65535, 16, 1],
+        [2, 1023, 1024, 2],
+    ] {
+        let len: usize = dims.iter().product();
+        // Random values around 1 (asymmetric), and a plane of ones.
+        let data: Vec<f32> = values(len, 41).iter().map(|v| 1.0 + 0.5 * v).collect();
+        for data in [data, vec![1.0; len]] {
+            let mean = |data: &[f32]| {
+                let cpu =
+                    aether::Tensor::from_f32(dims.to_vec(), data.to_vec(), &Device::Cpu).unwrap();
+                let gpu = aether::Tensor::from_f32(dims.to_vec(), data.to_vec(), &device).unwrap();
+                (
+                    global_avg_pool(&cpu).unwrap().to_vec_f32().unwrap(),
+                    global_avg_pool(&gpu).unwrap().to_vec_f32().unwrap(),
+                )
+            };
+            let (cpu, gpu) = mean(&data);
+            assert_eq!(gpu, cpu, "{dims:?}");
+            let [n, h, w, c] = dims;
+            for (pair, &value) in cpu.iter().enumerate() {
+                let (image, channel) = (pair / c, pair % c);
+                let sum: f64 = (0..h * w)
+                    .map(|i| f64::from(data[(image * h * w + i) * c + channel]))
+                    .sum();
+                let expected = sum / (h * w) as f64;
+                assert!(
+                    (f64::from(value) - expected).abs() < 1e-4,
+                    "{dims:?} plane {pair}: {value} vs {expected}"
+                );
+            }
+            assert_eq!(cpu.len(), n * c);
+        }
+    }
+}

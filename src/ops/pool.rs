@@ -797,6 +797,12 @@ fn global_dims(op: &'static str, dims: &[usize]) -> Result<[usize; 4]> {
 /// Lanes that sum one (n, c) plane in the global average pool
 /// (`PLANE_LANES` in pool_global_avg_forward.wgsl).
 const PLANE_LANES: usize = 16;
+/// The most loop iterations one lane of the global average pool runs in one
+/// dispatch. lavapipe (llvmpipe) ends every invocation's loops after 65535
+/// iterations in all (its loop limiter, shared by all loops of a shader) and
+/// silently returned 0.125 for a [1, 1024, 1024, 1] tensor of ones, whose
+/// lanes ran 65536; a longer plane takes several dispatches.
+const LANE_ITERATIONS: usize = 1 << 14;
 /// Planes per workgroup of that kernel (`PLANES_PER_GROUP`).
 const PLANES_PER_GROUP: usize = WORKGROUP as usize / PLANE_LANES;
 
@@ -846,14 +852,36 @@ pub fn global_avg_pool(x: &Tensor) -> Result<Tensor> {
         1,
         ctx.caps().limits.max_compute_workgroups_per_dimension,
     );
-    let params = [hw as u32, c as u32, (n * c) as u32, row_stride];
-    ctx.dispatch(
-        "pool_global_avg_forward",
-        &pipeline,
-        &[gpu_buffer(x), gpu_buffer(&y)],
-        bytemuck::cast_slice(&params),
-        grid,
-    )?;
+    // Each lane's loop in dispatches of at most LANE_ITERATIONS, the lanes'
+    // sums carried between them: the same additions in the same order.
+    let per_dispatch = LANE_ITERATIONS * PLANE_LANES;
+    let dispatches = hw.div_ceil(per_dispatch);
+    let carry_len = if dispatches > 1 {
+        n * c * PLANE_LANES
+    } else {
+        1
+    };
+    let carry = Tensor::uninit_gpu(ctx, Shape::new([carry_len])?, DType::F32)?;
+    for k in 0..dispatches {
+        let (first, end) = (k * per_dispatch, ((k + 1) * per_dispatch).min(hw));
+        let last = u32::from(k + 1 == dispatches);
+        let params = [
+            hw as u32,
+            c as u32,
+            (n * c) as u32,
+            row_stride,
+            first as u32,
+            end as u32,
+            last,
+        ];
+        ctx.dispatch(
+            "pool_global_avg_forward",
+            &pipeline,
+            &[gpu_buffer(x), gpu_buffer(&y), gpu_buffer(&carry)],
+            bytemuck::cast_slice(&params),
+            grid,
+        )?;
+    }
     Ok(y)
 }
 
