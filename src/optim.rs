@@ -49,6 +49,8 @@ const FINITE_CHECK: &str = concat!(
 /// The gate's value while every step was finite (finite_check.wgsl).
 const GATE_OPEN: u32 = u32::MAX;
 const WORKGROUP: u32 = 256;
+/// The most values one `sum_in_order` dispatch adds (its one invocation's loop).
+const SUM_IN_ORDER_STEP: usize = 1 << 14;
 
 /// One trainable tensor as the optimizer sees it.
 pub struct Param<'a> {
@@ -667,12 +669,18 @@ pub fn regularization_loss(terms: &[(&Tensor, f32, f32)]) -> Result<Tensor> {
         grid,
     )?;
     let out = Tensor::uninit_gpu(ctx, Shape::new([1])?, DType::F32)?;
-    ctx.dispatch(
-        "sum_in_order",
-        &*pipeline(ctx, "sum_in_order", SUM_IN_ORDER)?,
-        &[gpu_buf(&partials), gpu_buf(&out)],
-        bytemuck::bytes_of(&(groups as u32)),
-        [1, 1, 1],
-    )?;
+    // In order, in dispatches of at most SUM_IN_ORDER_STEP additions, the
+    // total carried in `out` between them (lavapipe stops an invocation after
+    // 65535 loop iterations).
+    for first in (0..groups).step_by(SUM_IN_ORDER_STEP) {
+        let end = (first + SUM_IN_ORDER_STEP).min(groups);
+        ctx.dispatch(
+            "sum_in_order",
+            &*pipeline(ctx, "sum_in_order", SUM_IN_ORDER)?,
+            &[gpu_buf(&partials), gpu_buf(&out)],
+            bytemuck::cast_slice(&[first as u32, end as u32]),
+            [1, 1, 1],
+        )?;
+    }
     Ok(out)
 }

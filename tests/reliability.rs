@@ -655,3 +655,59 @@ fn global_avg_pool_is_right_on_planes_past_65535_iterations_a_lane() {
         }
     }
 }
+
+/// Issue 37 item 2, the other data-sized loops: the regularization loss's
+/// ordered sum runs in dispatches (right past 65535 partials, 2^24 values),
+/// and where a loop cannot be split yet (a pooling window's scan, a row of
+/// classes) lavapipe refuses the shape as `TooLarge` instead of cutting the
+/// loop short; the CPU computes it.
+#[test]
+fn loops_past_lavapipes_limit_are_split_or_refused() {
+    let Some(device) = gpu() else { return };
+    let ctx = device.gpu_context().unwrap();
+    if ctx.caps().loop_iteration_limit().is_none() {
+        common::skip("the adapter does not cut loops short");
+        return;
+    }
+    let len = (1 << 24) + 4099;
+    let data = values(len, 51);
+    let expected: f64 = data
+        .iter()
+        .map(|&v| 0.5 * f64::from(v) * f64::from(v))
+        .sum();
+    let t = aether::Tensor::from_f32(vec![len], data, &device).unwrap();
+    let total = aether::optim::regularization_loss(&[(&t, 0.0, 0.5)])
+        .unwrap()
+        .to_vec_f32()
+        .unwrap()[0];
+    assert!(
+        (f64::from(total) - expected).abs() < 1e-4 * expected,
+        "{total} vs {expected}"
+    );
+    drop(t);
+
+    use aether::ops::pool::{PoolParams, avg_pool2d};
+    let p = PoolParams::new(256, 256, Padding::Valid);
+    let x = values(256 * 256, 52);
+    let on = |d: &Device| aether::Tensor::from_f32(vec![1, 256, 256, 1], x.clone(), d).unwrap();
+    let cpu = avg_pool2d(&on(&Device::Cpu), &p)
+        .unwrap()
+        .to_vec_f32()
+        .unwrap();
+    assert!(cpu[0].abs() < 0.1, "{cpu:?}");
+    match avg_pool2d(&on(&device), &p) {
+        Err(AetherError::TooLarge { what, .. }) => assert!(what.contains("256x256"), "{what}"),
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+
+    let classes = 1 << 14;
+    let logits =
+        aether::Tensor::from_f32(vec![2, classes], values(2 * classes, 53), &device).unwrap();
+    let labels = aether::Tensor::from_u32(vec![2], vec![3, classes as u32 - 1], &device).unwrap();
+    match aether::ops::loss::softmax_cross_entropy(&logits, &labels, 0.0) {
+        Err(AetherError::TooLarge { what, .. }) => {
+            assert!(what.contains("16384 classes"), "{what}")
+        }
+        other => panic!("expected TooLarge, got {:?}", other.map(|_| ())),
+    }
+}

@@ -229,6 +229,28 @@ impl PoolGeometry {
         self.output_dims().iter().product()
     }
 
+    /// Refuses, where `ctx`'s driver cuts loops short
+    /// ([`crate::gpu::GpuCapabilities::loop_iteration_limit`]), a window whose
+    /// scan (rows, and columns in each row) would pass the limit in one
+    /// invocation; the backward's covering windows are no more.
+    fn check_loops(&self, op: &'static str, ctx: &GpuContext) -> Result<()> {
+        let iterations = (self.filter_h * (self.filter_w + 1)) as u64;
+        match ctx.caps().loop_iteration_limit() {
+            Some(limit) if iterations >= limit => Err(AetherError::TooLarge {
+                what: format!(
+                    "{op}: a {}x{} window scans in {iterations} loop iterations an invocation \
+                     on {:?}, whose driver stops invocations after {limit}",
+                    self.filter_h,
+                    self.filter_w,
+                    ctx.caps().adapter_name
+                ),
+                bytes: iterations,
+                limit,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn input_index(&self, n: usize, r: usize, s: usize, ch: usize) -> usize {
         ((n * self.h + r) * self.w + s) * self.c + ch
     }
@@ -470,6 +492,7 @@ pub fn max_pool2d(x: &Tensor, p: &PoolParams) -> Result<(Tensor, Tensor)> {
         ));
     }
     let ctx = gpu_context(x);
+    g.check_loops(OP, ctx)?;
     let y = Tensor::uninit_gpu(ctx, Shape::new(out_dims.clone())?, DType::F32)?;
     let argmax = Tensor::uninit_gpu(ctx, Shape::new(out_dims)?, DType::U32)?;
     launch_flat(
@@ -522,6 +545,7 @@ pub fn max_pool2d_backward(
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     }
     let ctx = gpu_context(dy);
+    g.check_loops(OP, ctx)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
     // Windows that tile the input: one invocation per window writes all of it
     // (same bits as the gather); else one per input element gathers.
@@ -621,6 +645,7 @@ pub fn max_pool2d_dropout(
         return Ok((y, argmax));
     }
     let ctx = gpu_context(x);
+    g.check_loops(OP, ctx)?;
     let y = Tensor::uninit_gpu(ctx, Shape::new(g.output_dims())?, output)?;
     let argmax = Tensor::uninit_gpu(ctx, Shape::new(g.output_dims())?, DType::U32)?;
     // Four channels an invocation where they come in fours (f16 always does).
@@ -667,6 +692,7 @@ pub fn max_pool2d_dropout_backward(
         return max_pool2d_backward(&dropout_backward(dy, &mask)?, argmax, input_dims, p);
     }
     let ctx = gpu_context(dy);
+    g.check_loops(OP, ctx)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
     let (key, per_lane) = if g.c.is_multiple_of(4) {
         (("pool_max_backward_tiled_dropout4", "main_dropout4"), 4)
@@ -720,6 +746,7 @@ pub fn avg_pool2d(x: &Tensor, p: &PoolParams) -> Result<Tensor> {
         return Tensor::from_f32(out_dims, values, &x.device());
     }
     let ctx = gpu_context(x);
+    g.check_loops(OP, ctx)?;
     let y = Tensor::uninit_gpu(ctx, Shape::new(out_dims)?, DType::F32)?;
     launch_flat(
         ctx,
@@ -763,6 +790,7 @@ pub fn avg_pool2d_backward(dy: &Tensor, input_dims: [usize; 4], p: &PoolParams) 
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     }
     let ctx = gpu_context(dy);
+    g.check_loops(OP, ctx)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
     launch_flat(
         ctx,
