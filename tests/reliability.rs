@@ -506,61 +506,63 @@ fn a_nan_step_changes_nothing_and_training_resumes_from_before_it() {
     }
 }
 
-/// Issue 37 item 6: `train` on data that overflows to a non-finite loss
-/// stops with `NonFiniteLoss` naming that step, and the model keeps the state
-/// from before it: the same as a model trained on the batches before it.
+/// Issue 37 item 6: `train` that diverges (a learning rate of 1e38 drives
+/// the weights past f32) stops with `NonFiniteLoss` naming the first bad step,
+/// and the model keeps the state from before it: the same as a model trained
+/// on the batches before that step. Logged every step it is caught at once;
+/// every 20 steps, at the epoch's end, and the steps after it are taken back.
 #[test]
 fn train_stops_at_a_non_finite_loss_with_the_state_from_before_that_step() {
     let dir = TempDir::new("nan-train");
     let mut devices = vec![Device::Cpu];
     devices.extend(gpu());
-    let mut x = values(16 * 8, 31);
-    // Sample 9, in the third batch of 4 (of 4): finite, but it overflows f32.
-    // Logged every step, step 3 is caught at once; every 20 steps, at the
-    // epoch's end after step 4, which is taken back too.
-    for v in &mut x[9 * 8..10 * 8] {
-        *v = 3e38;
-    }
-    let y: Vec<u32> = (0..16).map(|i| (i * 7 % 3) as u32).collect();
+    let x = values(64 * 8, 31);
+    let y: Vec<u32> = (0..64).map(|i| (i * 7 % 3) as u32).collect();
+    let diverging = |device: &Device| {
+        let mut model = Model::new().seed(12);
+        model.add(Flatten::default());
+        model.add(Dense::new(6));
+        model.add(BatchNorm::new(0.9, 1e-3));
+        model.add(ReLU::default());
+        model.add(Dense::new(3));
+        model.configure(
+            Loss::SoftmaxCrossEntropy {
+                label_smoothing: 0.0,
+            },
+            Adam::new(1e38),
+            Metric::CategoricalAccuracy,
+        );
+        model.to(device).unwrap();
+        model.finalize(&[2, 2, 2]).unwrap();
+        model
+    };
     for device in devices {
         for log_every in [1, 20] {
             let options = TrainOptions {
-                epochs: 2,
+                epochs: 1,
                 batch_size: 4,
                 shuffle: false,
                 progress: false,
                 log_every,
                 ..TrainOptions::default()
             };
-            let mut model = dense_bn_model(&device);
-            match model.train(&x, &y, &options) {
-                Err(AetherError::NonFiniteLoss {
-                    step: 3, epoch: 0, ..
-                }) => {}
-                other => panic!(
-                    "expected NonFiniteLoss at step 3 on {}, got {other:?}",
-                    device.name()
-                ),
-            }
-            let mut twin = dense_bn_model(&device);
-            twin.train(&x[..8 * 8], &y[..8], &options).unwrap();
-            let mut once = dense_bn_model(&device);
-            once.train(
-                &x[..8 * 8],
-                &y[..8],
-                &TrainOptions {
-                    epochs: 1,
-                    ..options.clone()
-                },
-            )
-            .unwrap();
+            let mut model = diverging(&device);
+            let step = match model.train(&x, &y, &options) {
+                Err(AetherError::NonFiniteLoss { step, epoch: 0, .. }) => step as usize,
+                other => panic!("expected NonFiniteLoss on {}, got {other:?}", device.name()),
+            };
+            assert!((2..16).contains(&step), "step {step}");
+            let mut before = diverging(&device);
+            let samples = (step - 1) * 4;
+            before
+                .train(&x[..samples * 8], &y[..samples], &options)
+                .unwrap();
             assert_eq!(
                 state_bits(&model, &dir.0),
-                state_bits(&once, &dir.0),
+                state_bits(&before, &dir.0),
                 "{} log_every {log_every}",
                 device.name()
             );
-            assert_ne!(state_bits(&twin, &dir.0), state_bits(&once, &dir.0));
         }
     }
 }
@@ -709,5 +711,84 @@ fn loops_past_lavapipes_limit_are_split_or_refused() {
             assert!(what.contains("16384 classes"), "{what}")
         }
         other => panic!("expected TooLarge, got {:?}", other.map(|_| ())),
+    }
+}
+
+fn conv_model(device: &Device) -> Model {
+    let mut model = Model::new().seed(17);
+    model.add(Conv2d::new(4, (3, 3), Padding::Same));
+    model.add(BatchNorm::new(0.9, 1e-3));
+    model.add(ReLU::default());
+    model.add(Conv2d::new(4, (3, 3), Padding::Same));
+    model.add(Flatten::default());
+    model.add(Dense::new(3));
+    ready_model(model, device, &[4, 4, 4])
+}
+
+/// Issue 37 item 3: every f32 -> f16 conversion saturates at +-65504 (NaN
+/// kept), as the backward cast always did, so inputs scaled by 1e5, or a
+/// weight of -5.3e30 read from a file, give finite predictions on the GPU
+/// instead of an overflow to inf that comes out as NaN.
+#[test]
+fn f16_conversions_saturate_so_overflowing_values_predict_finite() {
+    let halves = aether::Tensor::from_f32_as_f16(
+        vec![4],
+        &[1e5, -7e4, f32::INFINITY, f32::NAN],
+        &Device::Cpu,
+    )
+    .unwrap()
+    .to_vec_f16()
+    .unwrap();
+    assert_eq!(
+        &halves[..3],
+        [half::f16::MAX, -half::f16::MAX, half::f16::MAX]
+    );
+    assert!(halves[3].is_nan());
+    let Some(device) = gpu() else { return };
+    let dir = TempDir::new("f16");
+    let x: Vec<f32> = values(3 * 64, 61).iter().map(|v| v * 1e5).collect();
+    let mut model = conv_model(&device);
+    assert!(!model.f16_outputs().is_empty() || device.gpu_context().unwrap().caps().shader_f16);
+    let predicted = model.predict(&x, 3, true).unwrap();
+    assert!(predicted.iter().all(|v| v.is_finite()), "{predicted:?}");
+    // A trained step with such inputs keeps the weights finite too.
+    model.train_batch(&x, &[0, 1, 2]).unwrap();
+    model.check_steps().unwrap();
+
+    let path = dir.0.join("conv.aether");
+    conv_model(&Device::Cpu).save(&path).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.shape().to_vec(), view.data().to_vec()))
+        .collect();
+    let kernel = tensors
+        .iter_mut()
+        .find(|(name, ..)| name == "layers.3.kernel")
+        .unwrap();
+    kernel.2[8..12].copy_from_slice(&(-5.3e30f32).to_le_bytes());
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(name, shape, data)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)
+                    .unwrap();
+            (name.clone(), view)
+        })
+        .collect();
+    let meta =
+        std::collections::HashMap::from([("aether_architecture".to_owned(), architecture(&bytes))]);
+    let crafted = safetensors::serialize(views, Some(meta)).unwrap();
+    let x = values(3 * 64, 62);
+    for device in [Device::Cpu, device] {
+        let mut loaded = Model::from_bytes("huge-weight.aether", &crafted, &device).unwrap();
+        let predicted = loaded.predict(&x, 3, false).unwrap();
+        assert!(
+            predicted.iter().all(|v| v.is_finite()),
+            "{}: {predicted:?}",
+            device.name()
+        );
     }
 }

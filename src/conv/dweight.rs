@@ -200,8 +200,8 @@ pub(crate) fn conv2d_dweight_into(
             (x16, dy16)
         }
         _ => (
-            gpu_operand("conv2d_dweight input", x, plan.variant, false)?,
-            gpu_operand("conv2d_dweight dvalues", dy, plan.variant, true)?,
+            gpu_operand("conv2d_dweight input", x, plan.variant)?,
+            gpu_operand("conv2d_dweight dvalues", dy, plan.variant)?,
         ),
     };
     // The halo kernel's slices have more rows (its dbias tiles): the reduce

@@ -64,7 +64,7 @@ pub struct BatchNormStats {
 /// What the normalize pass writes: the output's dtype, and whether the fused
 /// ReLU runs on it.
 ///
-/// `DType::F16` stores each value rounded as `half::f16::from_f32` (NaN kept),
+/// `DType::F16` stores each value saturated at +-65504 and rounded as `half::f16::from_f32` (NaN kept),
 /// for a consumer that rounds its input to f16 anyway (a conv with f16
 /// kernels): the same values it would have used, in half the bytes, and no
 /// cast of its own. On the GPU it needs a channel count divisible by 4.
@@ -398,7 +398,7 @@ fn output_cpu(x: &Tensor, y: Vec<f32>, out: NormOutput) -> Result<Tensor> {
     let y = Tensor::from_f32(x.dims().to_vec(), y, &x.device())?;
     let y = if out.relu { relu_op(&y)? } else { y };
     match out.dtype {
-        DType::F16 => cast_f16(&y, false),
+        DType::F16 => cast_f16(&y, true),
         _ => Ok(y),
     }
 }
