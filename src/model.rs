@@ -20,7 +20,7 @@ use crate::ops::loss::{
     correct_count, cross_entropy, softmax, softmax_cross_entropy,
     softmax_cross_entropy_with_correct,
 };
-use crate::optim::{Adam, Param, regularization_loss};
+use crate::optim::{Adam, AdamState, Param, regularization_loss};
 use crate::tensor::{DType, Tensor};
 
 /// The training loss.
@@ -58,8 +58,10 @@ pub struct TrainOptions<'a> {
 /// Where and how often [`Model::train`] saves the model. Each save is a
 /// complete model file written atomically (see [`Model::save`]): a crash, a
 /// kill or a GPU fault at any moment leaves the previous checkpoint loadable.
-/// A checkpoint holds what `save` writes (architecture, parameters, BatchNorm
-/// statistics), not the optimizer's moments.
+/// A checkpoint holds what `save` writes: architecture, parameters, BatchNorm
+/// statistics and, once the optimizer has stepped, its moments and step count
+/// with the model's seed, step and completed epochs, all in the one atomic
+/// write, so [`Model::resume`] continues training with the same bits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
     /// The model file, replaced at each save.
@@ -111,6 +113,27 @@ struct Architecture {
 
 const FORMAT: &str = "aether-model-v1";
 const METADATA_KEY: &str = "aether_architecture";
+/// The metadata a checkpoint adds to resume training ([`Model::resume`]).
+const TRAINING_KEY: &str = "aether_training";
+
+/// Where training stands, as a checkpoint saves it beside the optimizer's
+/// moments (tensors `optimizer.m.{k}` and `optimizer.v.{k}`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct TrainingState {
+    /// The model's seed: its dropout masks and shuffles.
+    seed: u64,
+    /// Training steps taken: the next step's dropout masks.
+    step: u64,
+    /// Epochs [`Model::train`] completed: the next epoch's shuffle.
+    epochs_done: usize,
+    learning_rate: f32,
+    beta1: f32,
+    beta2: f32,
+    epsilon: f32,
+    weight_decay: f32,
+    /// The optimizer's step count (its bias correction).
+    adam_steps: u32,
+}
 
 pub struct Model {
     layers: Vec<Box<dyn Layer>>,
@@ -135,6 +158,9 @@ pub struct Model {
     f16_input_grads: Vec<bool>,
     seed: u64,
     step: u64,
+    /// Epochs [`Model::train`] has completed: each epoch's shuffle follows
+    /// from its number, so training on after a checkpoint repeats none.
+    epochs_done: usize,
     /// See [`Model::cpu_tensor_limit`].
     cpu_tensor_bytes: u64,
 }
@@ -242,6 +268,7 @@ impl Model {
             f16_input_grads: Vec::new(),
             seed: 0,
             step: 0,
+            epochs_done: 0,
             cpu_tensor_bytes: DEFAULT_CPU_TENSOR_BYTES,
         }
     }
@@ -878,9 +905,14 @@ impl Model {
         let mut history = History::default();
         for epoch in 0..options.epochs {
             if options.shuffle {
+                // Each epoch's order follows from its number alone (not from
+                // the order before it), so training resumed from a
+                // checkpoint shuffles as if it had never stopped.
+                let number = self.epochs_done as u64;
+                order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
                 shuffle(
                     &mut order,
-                    self.seed ^ (epoch as u64).wrapping_mul(0xd134_2543_de82_ef95),
+                    self.seed ^ number.wrapping_mul(0xd134_2543_de82_ef95),
                 );
             }
             let start = Instant::now();
@@ -936,6 +968,7 @@ impl Model {
                 ));
             }
             history.epochs.push(stats);
+            self.epochs_done += 1;
             if let Some(checkpoint) = &options.checkpoint
                 && (epoch + 1).is_multiple_of(checkpoint.every_epochs)
             {
@@ -1090,7 +1123,14 @@ impl Model {
         let path = path.as_ref();
         let arch =
             serde_json::to_string(&self.architecture()?).map_err(|e| model_err(e.to_string()))?;
-        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut tensors: Vec<TensorBytes> = Vec::new();
+        let training = match self.training_state()? {
+            Some((training, optimizer)) => {
+                tensors.extend(optimizer);
+                Some(training)
+            }
+            None => None,
+        };
         for (i, layer) in self.layers.iter().enumerate() {
             for (name, t) in layer.state() {
                 let bytes: Vec<u8> = bytemuck::cast_slice(&t.to_vec_f32()?).to_vec();
@@ -1105,10 +1145,109 @@ impl Model {
                     .map_err(|e| model_err(format!("tensor {name}: {e}")))
             })
             .collect::<Result<_>>()?;
-        let metadata = HashMap::from([(METADATA_KEY.to_owned(), arch)]);
+        let mut metadata = HashMap::from([(METADATA_KEY.to_owned(), arch)]);
+        if let Some(training) = &training {
+            let json = serde_json::to_string(training).map_err(|e| model_err(e.to_string()))?;
+            metadata.insert(TRAINING_KEY.to_owned(), json);
+        }
         let bytes =
             safetensors::serialize(views, Some(metadata)).map_err(|e| model_err(e.to_string()))?;
         crate::io::write_atomic(path, &bytes)
+    }
+
+    /// Where training stands and the optimizer's moments as tensors, once
+    /// the optimizer has taken a step (or was resumed): what [`Model::save`]
+    /// adds so that [`Model::resume`] can continue exactly.
+    fn training_state(&self) -> Result<Option<(TrainingState, Vec<TensorBytes>)>> {
+        let Some(optimizer) = &self.optimizer else {
+            return Ok(None);
+        };
+        let Some(mut state) = optimizer.state()? else {
+            return Ok(None);
+        };
+        // Steps skipped for a non-finite loss or gradient (not yet reported)
+        // changed nothing: the state is the one from before the first of them.
+        let mut step = self.step;
+        if let Some(first) = optimizer.skipped_step()? {
+            step -= u64::from(state.steps - (first - 1));
+            state.steps = first - 1;
+        }
+        let training = TrainingState {
+            seed: self.seed,
+            step,
+            epochs_done: self.epochs_done,
+            learning_rate: optimizer.learning_rate,
+            beta1: optimizer.beta1,
+            beta2: optimizer.beta2,
+            epsilon: optimizer.epsilon,
+            weight_decay: optimizer.weight_decay,
+            adam_steps: state.steps,
+        };
+        let mut tensors = Vec::new();
+        for (which, moments) in [("m", &state.m), ("v", &state.v)] {
+            for (k, values) in moments.iter().enumerate() {
+                let bytes: Vec<u8> = bytemuck::cast_slice(values).to_vec();
+                tensors.push((format!("optimizer.{which}.{k}"), vec![values.len()], bytes));
+            }
+        }
+        Ok(Some((training, tensors)))
+    }
+
+    /// A model and its optimizer rebuilt from a checkpoint written by
+    /// [`Model::save`] after training (a [`Checkpoint`] of
+    /// [`Model::train`]), on `device`: weights, BatchNorm statistics, the
+    /// optimizer's hyperparameters, moments and step count, the model's seed,
+    /// step and completed epochs. Training on gives the same bits as if it
+    /// had never stopped. A file without that state (saved before any step,
+    /// or by an older aether) is a `ModelFile` error: [`Model::load`] reads
+    /// its weights.
+    pub fn resume(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = read_file(path)?;
+        let (arch, file) = parse(path, &bytes)?;
+        let json = metadata_value(&bytes, TRAINING_KEY).ok_or_else(|| {
+            file_err(
+                path,
+                format!("no {TRAINING_KEY} metadata: no optimizer state to resume from (Model::load reads the weights)"),
+            )
+        })?;
+        let training: TrainingState = serde_json::from_str(&json)
+            .map_err(|e| file_err(path, format!("malformed {TRAINING_KEY} ({e})")))?;
+        let mut model = Self::build(path, &arch, &file, device, training.seed)?;
+        model.step = training.step;
+        model.epochs_done = training.epochs_done;
+        let mut adam = Adam::new(training.learning_rate);
+        adam.beta1 = training.beta1;
+        adam.beta2 = training.beta2;
+        adam.epsilon = training.epsilon;
+        adam.weight_decay = training.weight_decay;
+        adam.validate()
+            .map_err(|e| file_err(path, format!("optimizer: {e}")))?;
+        let moments = |which: &str| -> Result<Vec<Vec<f32>>> {
+            let mut out = Vec::new();
+            while let Ok(view) = file.tensor(&format!("optimizer.{which}.{}", out.len())) {
+                if view.dtype() != safetensors::Dtype::F32 || view.shape().len() != 1 {
+                    return Err(file_err(
+                        path,
+                        format!(
+                            "tensor optimizer.{which}.{} is not a 1-D F32 tensor",
+                            out.len()
+                        ),
+                    ));
+                }
+                out.push(bytemuck::pod_collect_to_vec(view.data()));
+            }
+            Ok(out)
+        };
+        let state = AdamState {
+            steps: training.adam_steps,
+            m: moments("m")?,
+            v: moments("v")?,
+        };
+        adam.set_state(state)
+            .map_err(|e| file_err(path, format!("optimizer state: {e}")))?;
+        model.optimizer = Some(adam);
+        Ok(model)
     }
 
     /// A model rebuilt from a file written by [`Model::save`], on `device`.
@@ -1123,7 +1262,18 @@ impl Model {
     pub fn from_bytes(path: impl AsRef<Path>, bytes: &[u8], device: &Device) -> Result<Self> {
         let path = path.as_ref();
         let (arch, file) = parse(path, bytes)?;
-        let mut model = Model::new();
+        Self::build(path, &arch, &file, device, 0)
+    }
+
+    /// The model of a parsed file, seeded `seed`, on `device`.
+    fn build(
+        path: &Path,
+        arch: &Architecture,
+        file: &safetensors::SafeTensors,
+        device: &Device,
+        seed: u64,
+    ) -> Result<Self> {
+        let mut model = Model::new().seed(seed);
         model.device = device.clone();
         model.loss = arch.loss;
         for spec in &arch.layers {
@@ -1134,12 +1284,13 @@ impl Model {
         let held = file
             .tensors()
             .iter()
+            .filter(|(name, _)| name.starts_with("layers."))
             .map(|(_, view)| view.data().len() / 4)
             .sum();
         model
             .finalize_within(&arch.input_shape, Some(held))
             .map_err(|e| file_err(path, format!("architecture does not build: {e}")))?;
-        model.load_tensors(path, &file)?;
+        model.load_tensors(path, file)?;
         Ok(model)
     }
 
@@ -1229,6 +1380,15 @@ fn file_err(path: &Path, reason: String) -> AetherError {
         path: path.to_owned(),
         reason,
     }
+}
+
+/// A tensor as `save` writes it: name, shape, little-endian f32 bytes.
+type TensorBytes = (String, Vec<usize>, Vec<u8>);
+
+/// The value of metadata `key` in the header of a model file's `bytes`.
+fn metadata_value(bytes: &[u8], key: &str) -> Option<String> {
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).ok()?;
+    meta.metadata().as_ref()?.get(key).cloned()
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>> {

@@ -94,6 +94,19 @@ pub struct Adam {
     pub weight_decay: f32,
     steps: u32,
     moments: Option<Moments>,
+    /// Moments read from a checkpoint ([`Adam::set_state`]), laid out by the
+    /// first step that follows.
+    restored: Option<AdamState>,
+}
+
+/// What [`Adam`] carries from step to step, as a checkpoint saves it: the
+/// step count (the bias correction's `t`) and each parameter's first and
+/// second moments, in the order the steps take the parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamState {
+    pub steps: u32,
+    pub m: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
 }
 
 /// First and second moments of every parameter, packed, and the layout they follow.
@@ -131,6 +144,7 @@ impl Adam {
             weight_decay: 0.0,
             steps: 0,
             moments: None,
+            restored: None,
         }
     }
 
@@ -190,6 +204,60 @@ impl Adam {
     pub(crate) fn forget_state(&mut self) {
         self.steps = 0;
         self.moments = None;
+        self.restored = None;
+    }
+
+    /// The step count and moments, for a checkpoint; `None` before the
+    /// first step (nothing to carry). On the GPU this reads the moments back.
+    pub fn state(&self) -> Result<Option<AdamState>> {
+        let Some(moments) = &self.moments else {
+            return Ok(self.restored.clone());
+        };
+        let unpack = |packed: &Tensor| -> Result<Vec<Vec<f32>>> {
+            let all = packed.to_vec_f32()?;
+            Ok(moments
+                .lengths
+                .iter()
+                .zip(&moments.offsets)
+                .map(|(&len, &at)| all[at..at + len].to_vec())
+                .collect())
+        };
+        Ok(Some(AdamState {
+            steps: self.steps,
+            m: unpack(&moments.m)?,
+            v: unpack(&moments.v)?,
+        }))
+    }
+
+    /// Continues from `state` (see [`Adam::state`]) instead of a first step:
+    /// the next step takes the parameters with these moments and step count,
+    /// exactly as the optimizer that saved them would have. The next step
+    /// refuses it where the parameters' sizes differ. Every moment must be
+    /// finite, and every second moment at least 0.
+    pub fn set_state(&mut self, state: AdamState) -> Result<()> {
+        let bad = state.m.iter().flatten().any(|x| !x.is_finite())
+            || state
+                .v
+                .iter()
+                .flatten()
+                .any(|x| !(x.is_finite() && *x >= 0.0))
+            || state.m.len() != state.v.len()
+            || state
+                .m
+                .iter()
+                .zip(&state.v)
+                .any(|(m, v)| m.len() != v.len());
+        if bad {
+            return Err(AetherError::InvalidShape {
+                op: "Adam::set_state",
+                shape: state.m.iter().map(Vec::len).collect(),
+                reason: "moments must pair up, be finite, and second moments at least 0".into(),
+            });
+        }
+        self.moments = None;
+        self.steps = state.steps;
+        self.restored = Some(state);
+        Ok(())
     }
 
     /// Steps taken so far (skipped ones included, until [`Adam::reopen`]).
@@ -315,12 +383,33 @@ impl Adam {
                     }
                 };
                 let total = *offsets.last().expect("offsets end with the total");
-                let zeros = || Tensor::from_f32(vec![total], vec![0.0; total], &device);
+                let restored = self.restored.take();
+                if let Some(r) = &restored {
+                    let saved: Vec<usize> = r.m.iter().map(Vec::len).collect();
+                    if saved != lengths {
+                        self.restored = restored;
+                        return Err(AetherError::ShapeMismatch {
+                            op: "Adam::step (parameter sizes of the restored state)",
+                            expected: saved,
+                            actual: lengths,
+                        });
+                    }
+                }
+                let packed = |which: fn(&AdamState) -> &Vec<Vec<f32>>| {
+                    let mut flat = vec![0.0; total];
+                    if let Some(r) = &restored {
+                        for (values, &at) in which(r).iter().zip(&offsets) {
+                            flat[at..at + values.len()].copy_from_slice(values);
+                        }
+                    }
+                    Tensor::from_f32(vec![total], flat, &device)
+                };
+                let (m, v) = (packed(|r| &r.m)?, packed(|r| &r.v)?);
                 self.moments = Some(Moments {
                     lengths: lengths.clone(),
                     offsets,
-                    m: zeros()?,
-                    v: zeros()?,
+                    m,
+                    v,
                     segments: None,
                     packed: None,
                     packed_grads: None,

@@ -205,10 +205,49 @@ fn bn_model(device: &Device) -> Model {
 }
 
 /// The model's whole saved state: weights and BatchNorm statistics.
-fn state_bits(model: &Model, dir: &Path) -> Vec<u8> {
+/// Every tensor (name and bytes, in name order) and metadata entry of the
+/// file `save` writes, so two states compare whatever order the header has.
+fn state_bits(model: &Model, dir: &Path) -> Vec<(String, Vec<u8>)> {
     let path = dir.join("state.aether");
     model.save(&path).unwrap();
-    std::fs::read(path).unwrap()
+    let bytes = std::fs::read(path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut state: Vec<(String, Vec<u8>)> = file
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (name, view.data().to_vec()))
+        .collect();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    for (key, value) in meta.metadata().clone().unwrap_or_default() {
+        state.push((key, value.into_bytes()));
+    }
+    state.sort();
+    state
+}
+
+/// `a == b` for two [`state_bits`], or a panic naming the entries that differ.
+fn same_state(a: &[(String, Vec<u8>)], b: &[(String, Vec<u8>)], what: &str) {
+    let differ: Vec<String> = a
+        .iter()
+        .zip(b)
+        .filter(|(x, y)| x != y)
+        .map(|(x, y)| {
+            if x.0 == y.0 && x.0.starts_with("aether_") {
+                format!(
+                    "{}: {} vs {}",
+                    x.0,
+                    String::from_utf8_lossy(&x.1),
+                    String::from_utf8_lossy(&y.1)
+                )
+            } else {
+                format!("{} / {}", x.0, y.0)
+            }
+        })
+        .collect();
+    assert!(
+        differ.is_empty() && a.len() == b.len(),
+        "{what}: {differ:?}"
+    );
 }
 
 /// Issue 37 item 5: `train` with no `configure`, or with a NaN learning rate
@@ -233,7 +272,7 @@ fn a_train_that_fails_its_checks_leaves_the_batchnorm_statistics_unchanged() {
         let before = state_bits(&model, &dir.0);
         let err = model.train(&x, &y, &options).unwrap_err();
         assert!(err.to_string().contains("configure"), "{err}");
-        assert_eq!(state_bits(&model, &dir.0), before, "{}", device.name());
+        same_state(&state_bits(&model, &dir.0), &before, &device.name());
 
         let mut model = ready_model(bn_model(&device), &device, &[4, 4, 2]);
         let before = state_bits(&model, &dir.0);
@@ -259,7 +298,7 @@ fn a_train_that_fails_its_checks_leaves_the_batchnorm_statistics_unchanged() {
                 "{result:?}"
             );
         }
-        assert_eq!(state_bits(&model, &dir.0), before, "{}", device.name());
+        same_state(&state_bits(&model, &dir.0), &before, &device.name());
     }
 }
 
@@ -480,7 +519,7 @@ fn a_nan_step_changes_nothing_and_training_resumes_from_before_it() {
         let after_one = state_bits(&model, &dir.0);
         model.train_tensors(&px, &py).unwrap();
         model.train_tensors(&ox, &oy).unwrap();
-        assert_eq!(state_bits(&model, &dir.0), after_one, "{}", device.name());
+        same_state(&state_bits(&model, &dir.0), &after_one, &device.name());
         match model.check_steps() {
             Err(AetherError::NonFiniteStep { step: 2, later: 1 }) => {}
             other => panic!(
@@ -491,11 +530,10 @@ fn a_nan_step_changes_nothing_and_training_resumes_from_before_it() {
         model.check_steps().unwrap();
         model.train_tensors(&ox, &oy).unwrap();
         twin.train_tensors(&ox, &oy).unwrap();
-        assert_eq!(
-            state_bits(&model, &dir.0),
-            state_bits(&twin, &dir.0),
-            "{}",
-            device.name()
+        same_state(
+            &state_bits(&model, &dir.0),
+            &state_bits(&twin, &dir.0),
+            &device.name(),
         );
         // Host data with a NaN is refused before any step, naming the sample.
         let err = model.train_batch(&poisoned, &y).map(|_| ()).unwrap_err();
@@ -557,11 +595,23 @@ fn train_stops_at_a_non_finite_loss_with_the_state_from_before_that_step() {
             before
                 .train(&x[..samples * 8], &y[..samples], &options)
                 .unwrap();
-            assert_eq!(
-                state_bits(&model, &dir.0),
-                state_bits(&before, &dir.0),
-                "{} log_every {log_every}",
-                device.name()
+            // `before` finished an epoch, `model` stopped inside one: their
+            // epoch counts differ, everything else is the same.
+            let without_epochs = |model: &Model| -> Vec<(String, Vec<u8>)> {
+                let mut state = state_bits(model, &dir.0);
+                for (key, value) in &mut state {
+                    if key == "aether_training" {
+                        let mut json: serde_json::Value = serde_json::from_slice(value).unwrap();
+                        json["epochs_done"] = 0.into();
+                        *value = json.to_string().into_bytes();
+                    }
+                }
+                state
+            };
+            same_state(
+                &without_epochs(&model),
+                &without_epochs(&before),
+                &format!("{} log_every {log_every}", device.name()),
             );
         }
     }
@@ -791,4 +841,91 @@ fn f16_conversions_saturate_so_overflowing_values_predict_finite() {
             device.name()
         );
     }
+}
+
+/// Issue 37, resumable checkpoints: 2 epochs, a checkpoint, `Model::resume`
+/// and 2 more epochs give the bits of 4 epochs in one go (weights, BatchNorm
+/// statistics, optimizer moments and step, dropout masks and shuffles), on
+/// the CPU and the GPU; a file without optimizer state still loads but does
+/// not resume.
+#[test]
+fn two_epochs_a_checkpoint_and_two_more_are_four_epochs_bit_for_bit() {
+    use aether::nn::{Dropout, SpatialDropout};
+    use aether::{Checkpoint, History};
+    let dir = TempDir::new("resume");
+    let mut devices = vec![Device::Cpu];
+    devices.extend(gpu());
+    let x = values(24 * 4 * 4 * 4, 71);
+    let y: Vec<u32> = (0..24).map(|i| (i * 5 % 3) as u32).collect();
+    let build = |device: &Device| {
+        let mut model = Model::new().seed(23);
+        model.add(Conv2d::new(8, (3, 3), Padding::Same));
+        model.add(BatchNorm::new(0.9, 1e-3));
+        model.add(ReLU::default());
+        model.add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid));
+        model.add(SpatialDropout::new(0.25));
+        model.add(Flatten::default());
+        model.add(Dropout::new(0.3));
+        model.add(Dense::new(3));
+        model.configure(
+            Loss::SoftmaxCrossEntropy {
+                label_smoothing: 0.1,
+            },
+            Adam::adamw(3e-3, 0.01),
+            Metric::CategoricalAccuracy,
+        );
+        model.to(device).unwrap();
+        model.finalize(&[4, 4, 4]).unwrap();
+        model
+    };
+    for device in devices {
+        let options = |epochs, checkpoint| TrainOptions {
+            epochs,
+            batch_size: 5,
+            progress: false,
+            checkpoint,
+            ..TrainOptions::default()
+        };
+        let mut straight = build(&device);
+        let history: History = straight.train(&x, &y, &options(4, None)).unwrap();
+        let path = dir.0.join("ckpt.aether");
+        let mut first = build(&device);
+        let checkpoint = Checkpoint {
+            path: path.clone(),
+            every_epochs: 2,
+        };
+        first.train(&x, &y, &options(2, Some(checkpoint))).unwrap();
+        let mut resumed = Model::resume(&path, &device).unwrap();
+        // The resumed model is the one that saved it, optimizer state included.
+        same_state(
+            &state_bits(&resumed, &dir.0),
+            &state_bits(&first, &dir.0),
+            &format!("resumed on {}", device.name()),
+        );
+        drop(first);
+        let rest = resumed.train(&x, &y, &options(2, None)).unwrap();
+        same_state(
+            &state_bits(&resumed, &dir.0),
+            &state_bits(&straight, &dir.0),
+            &device.name(),
+        );
+        assert_eq!(
+            rest.epochs[1].loss,
+            history.epochs[3].loss,
+            "{}",
+            device.name()
+        );
+        let probe = values(2 * 64, 72);
+        assert_eq!(
+            resumed.predict(&probe, 2, true).unwrap(),
+            straight.predict(&probe, 2, true).unwrap()
+        );
+    }
+    // A file saved before any step has no optimizer state: it loads, and
+    // resuming from it is a ModelFile error naming what is missing.
+    let fresh = dir.0.join("fresh.aether");
+    build(&Device::Cpu).save(&fresh).unwrap();
+    Model::load(&fresh, &Device::Cpu).unwrap();
+    let reason = model_file_reason(Model::resume(&fresh, &Device::Cpu));
+    assert!(reason.contains("aether_training"), "{reason}");
 }
