@@ -292,7 +292,7 @@ impl Adam {
         Ok(taken_back)
     }
 
-    /// The gate of the last step: `[1]` U32, [`GATE_OPEN`] (`u32::MAX`)
+    /// The gate of the last step: `[1]` U32, `u32::MAX` (open)
     /// while every step was finite. A layer whose state moves in the forward
     /// pass (BatchNorm's running statistics) keeps the new state only where
     /// it is open.
