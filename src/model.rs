@@ -901,19 +901,22 @@ impl Model {
             return Err(model_err("checkpoint every_epochs must be at least 1"));
         }
         self.check_training_batch(options.batch_size.min(n))?;
+        // Each epoch shuffles the order the one before left: the epochs
+        // completed before this call (a resumed checkpoint's) are replayed,
+        // so training on shuffles as if it had never stopped.
+        let seed = self.seed;
+        let epoch_seed =
+            move |number: usize| seed ^ (number as u64).wrapping_mul(0xd134_2543_de82_ef95);
         let mut order: Vec<usize> = (0..n).collect();
+        if options.shuffle {
+            for number in 0..self.epochs_done {
+                shuffle(&mut order, epoch_seed(number));
+            }
+        }
         let mut history = History::default();
         for epoch in 0..options.epochs {
             if options.shuffle {
-                // Each epoch's order follows from its number alone (not from
-                // the order before it), so training resumed from a
-                // checkpoint shuffles as if it had never stopped.
-                let number = self.epochs_done as u64;
-                order.iter_mut().enumerate().for_each(|(i, o)| *o = i);
-                shuffle(
-                    &mut order,
-                    self.seed ^ number.wrapping_mul(0xd134_2543_de82_ef95),
-                );
+                shuffle(&mut order, epoch_seed(self.epochs_done));
             }
             let start = Instant::now();
             let steps = n.div_ceil(options.batch_size);
