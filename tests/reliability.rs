@@ -929,3 +929,58 @@ fn two_epochs_a_checkpoint_and_two_more_are_four_epochs_bit_for_bit() {
     let reason = model_file_reason(Model::resume(&fresh, &Device::Cpu));
     assert!(reason.contains("aether_training"), "{reason}");
 }
+
+/// Issue 37 item 2, the conv kernels: a portable GEMM's reduction loop on
+/// lavapipe. dweight splits its reduction so that each invocation's share
+/// fits (its split-K rule already does on lavapipe; the plan raises it where
+/// it would not): a 1x1 conv over 2^21 pixels gives the CPU's exact dW.
+/// Forward, which cannot split, refuses a Dense layer of 2^20 inputs instead
+/// of summing 65535 of its 65536 steps (what it did before).
+#[test]
+fn conv_reductions_past_lavapipes_loop_limit_are_split_or_refused() {
+    use aether::conv::{ConvParams, ConvPlans, conv2d_dweight, conv2d_forward};
+    let Some(device) = gpu() else { return };
+    if device
+        .gpu_context()
+        .unwrap()
+        .caps()
+        .loop_iteration_limit()
+        .is_none()
+    {
+        common::skip("the adapter does not cut loops short");
+        return;
+    }
+    let params = ConvParams::new(1, 1, Padding::Valid);
+    let k = 1 << 20;
+    let on = |d: &Device, dims: Vec<usize>, seed| {
+        aether::Tensor::from_f32(dims.clone(), values(dims.iter().product(), seed), d).unwrap()
+    };
+    // x of +-1 and dy of multiples of 2^-10 (at most 1/2): exact in f16, and
+    // every partial sum of their products exact in f32 whatever the order,
+    // so the GPU must give the CPU's bits. Truncated at 65535 steps of 16, a
+    // sum of 2^21 terms would have lost half of them.
+    let dims = vec![1, 2048, 1024, 1];
+    let len = 2048 * 1024;
+    let x: Vec<f32> = values(len, 81)
+        .iter()
+        .map(|v| if *v < 0.0 { -1.0 } else { 1.0 })
+        .collect();
+    let dy: Vec<f32> = values(len, 82)
+        .iter()
+        .map(|v| (v * 512.0).round() / 1024.0)
+        .collect();
+    let dw = |d: &Device| {
+        let t = |data: &[f32]| aether::Tensor::from_f32(dims.clone(), data.to_vec(), d).unwrap();
+        let (dw, db) = conv2d_dweight(&t(&x), &t(&dy), &params, &ConvPlans::new()).unwrap();
+        (dw.to_vec_f32().unwrap()[0], db.to_vec_f32().unwrap()[0])
+    };
+    let (cpu, gpu_dw) = (dw(&Device::Cpu), dw(&device));
+    assert_eq!(cpu, gpu_dw);
+    assert!(cpu.0.abs() > 1.0 && cpu.1.abs() > 1.0, "{cpu:?}");
+
+    let x = on(&device, vec![1, 1, 1, k], 83);
+    let w = on(&device, vec![1, 1, k, 1], 84);
+    let b = on(&device, vec![1], 85);
+    let err = conv2d_forward(&x, &w, &b, &params, &ConvPlans::new()).unwrap_err();
+    assert!(err.to_string().contains("loop iterations"), "{err}");
+}

@@ -798,6 +798,33 @@ pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
     }
 }
 
+/// Refuses, where the driver cuts loops short
+/// ([`GpuCapabilities::loop_iteration_limit`]: lavapipe), a portable GEMM
+/// whose invocations would loop past the limit: `turns` row tiles each, and
+/// `tiles` reduction steps in each (a Dense layer of 2^20 inputs on lavapipe
+/// summed 65535 of its 65536 steps and returned that, with no error).
+pub(crate) fn check_gemm_loops(
+    ctx: &GpuContext,
+    direction: ConvDirection,
+    turns: usize,
+    tiles: usize,
+) -> Result<()> {
+    let iterations = (turns * (tiles + 1)) as u64;
+    match ctx.caps().loop_iteration_limit() {
+        Some(limit) if iterations >= limit => Err(AetherError::TooLarge {
+            what: format!(
+                "{direction:?} conv: {turns} row tile(s) of {tiles} reduction steps, {iterations} \
+                 loop iterations an invocation on {:?}, whose driver stops invocations after \
+                 {limit}",
+                ctx.caps().adapter_name
+            ),
+            bytes: iterations,
+            limit,
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl ConvLaunchPlan {
     /// The plan of `variant`'s GEMM over a `rows x cols` output with `z` slices
     /// (split-K 1), run by `kernel` on `meta`; an error (a decline) when the
@@ -841,6 +868,12 @@ impl ConvLaunchPlan {
                 workgroups: too_many as u64,
                 limit: limit as u64,
             });
+        }
+        // dweight splits its reduction to fit (dweight.rs); the others cannot.
+        if coop.is_none() && direction != ConvDirection::DWeight {
+            let turns = rows.div_ceil(tile_m as usize).div_ceil(grid[0].max(1));
+            let depth = direction.reduction_depth(meta);
+            check_gemm_loops(ctx, direction, turns, depth.div_ceil(tile_k as usize))?;
         }
         Ok(Self {
             variant,
