@@ -112,9 +112,23 @@ pub enum AetherError {
     /// A model used before `configure` / `finalize`, or configured inconsistently.
     #[error("model: {0}")]
     Model(String),
-    /// Training diverged.
-    #[error("non-finite loss {loss} at step {step} (epoch {epoch}): training stopped")]
+    /// Training diverged: the loss of step `step` (counting from 1) is not
+    /// finite. That step and every later one changed nothing; the model keeps
+    /// its state from before it.
+    #[error(
+        "non-finite loss {loss} at step {step} (epoch {epoch}): training stopped; the model \
+         keeps its state from before that step"
+    )]
     NonFiniteLoss { step: u64, epoch: usize, loss: f32 },
+    /// A training step whose loss or gradients were not finite, where the
+    /// loss value is not at hand (a gradient overflowed, or the step came from
+    /// `train_batch` / `train_tensors`): that step and every later one
+    /// changed nothing; the model keeps its state from before it.
+    #[error(
+        "non-finite loss or gradient at step {step}: the step and the {later} after it changed \
+         nothing; the model keeps its state from before it"
+    )]
+    NonFiniteStep { step: u64, later: u64 },
     /// A dataset file that cannot be used: missing, truncated, malformed, or a
     /// record with a bad label (`record` counts from 0).
     #[error(

@@ -22,7 +22,7 @@ use crate::ops::loss::{
     correct_count, cross_entropy, softmax, softmax_cross_entropy,
     softmax_cross_entropy_with_correct,
 };
-use crate::optim::{Adam, Param, regularization_loss};
+use crate::optim::{Adam, AdamState, Param, regularization_loss};
 use crate::progress::Progress;
 use crate::tensor::{DType, Tensor};
 
@@ -65,8 +65,10 @@ pub struct TrainOptions<'a> {
 /// Where and how often [`Model::train`] saves the model. Each save is a
 /// complete model file written atomically (see [`Model::save`]): a crash, a
 /// kill or a GPU fault at any moment leaves the previous checkpoint loadable.
-/// A checkpoint holds what `save` writes (architecture, parameters, BatchNorm
-/// statistics), not the optimizer's moments.
+/// A checkpoint holds what `save` writes: architecture, parameters, BatchNorm
+/// statistics and, once the optimizer has stepped, its moments and step count
+/// with the model's seed, step and completed epochs, all in the one atomic
+/// write, so [`Model::resume`] continues training with the same bits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
     /// The model file, replaced at each save.
@@ -134,6 +136,27 @@ struct Architecture {
 const FORMAT: &str = "aether-model-v1";
 const GRAPH_FORMAT: &str = "aether-model-v2";
 const METADATA_KEY: &str = "aether_architecture";
+/// The metadata a checkpoint adds to resume training ([`Model::resume`]).
+const TRAINING_KEY: &str = "aether_training";
+
+/// Where training stands, as a checkpoint saves it beside the optimizer's
+/// moments (tensors `optimizer.m.{k}` and `optimizer.v.{k}`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct TrainingState {
+    /// The model's seed: its dropout masks and shuffles.
+    seed: u64,
+    /// Training steps taken: the next step's dropout masks.
+    step: u64,
+    /// Epochs [`Model::train`] completed: the next epoch's shuffle.
+    epochs_done: usize,
+    learning_rate: f32,
+    beta1: f32,
+    beta2: f32,
+    epsilon: f32,
+    weight_decay: f32,
+    /// The optimizer's step count (its bias correction).
+    adam_steps: u32,
+}
 
 /// A network: a plain stack of layers applied in order, or a graph of them
 /// ([`Graph`], for skip connections and branches), trained with one loss and
@@ -200,7 +223,16 @@ pub struct Model {
     f16_input_grads: Vec<bool>,
     seed: u64,
     step: u64,
+    /// Epochs [`Model::train`] has completed: each epoch's shuffle follows
+    /// from its number, so training on after a checkpoint repeats none.
+    epochs_done: usize,
+    /// See [`Model::cpu_tensor_limit`].
+    cpu_tensor_bytes: u64,
 }
+
+/// The default of [`Model::cpu_tensor_limit`]: 2 GiB, the largest buffer
+/// most GPUs bind.
+pub const DEFAULT_CPU_TENSOR_BYTES: u64 = 2 << 30;
 
 impl Default for Model {
     fn default() -> Self {
@@ -260,6 +292,16 @@ impl PendingLosses {
         Ok((loss_sum, correct_sum))
     }
 
+    /// The step number and loss of the step `back` steps before the last
+    /// one recorded.
+    fn before_last(&self, back: u64) -> Option<&(u64, Tensor, Tensor)> {
+        let back = usize::try_from(back).ok()?;
+        self.steps
+            .len()
+            .checked_sub(back + 1)
+            .map(|i| &self.steps[i])
+    }
+
     fn non_finite(&self, step: u64, loss: f32) -> AetherError {
         AetherError::NonFiniteLoss {
             step,
@@ -294,7 +336,20 @@ impl Model {
             f16_input_grads: Vec::new(),
             seed: 0,
             step: 0,
+            epochs_done: 0,
+            cpu_tensor_bytes: DEFAULT_CPU_TENSOR_BYTES,
         }
+    }
+
+    /// The most bytes one activation tensor (a batch's input or a layer's
+    /// output, f32) may take on the CPU; default [`DEFAULT_CPU_TENSOR_BYTES`].
+    /// Inference splits a batch to fit, as on a GPU; a single sample, or a
+    /// training batch, past it is a `TooLarge` error naming the layer, before
+    /// anything allocates: a crafted geometry (a 1x1 conv padded by 16383)
+    /// cannot make `predict` take gigabytes.
+    pub fn cpu_tensor_limit(mut self, bytes: u64) -> Self {
+        self.cpu_tensor_bytes = bytes;
+        self
     }
 
     /// Seeds weight initialisation and dropout masks (before `finalize`).
@@ -375,20 +430,11 @@ impl Model {
         self
     }
 
-    /// Builds every layer for per-sample `input_shape` on the model's device.
-    /// Shape errors name the layer by index.
-    pub fn finalize(&mut self, input_shape: &[usize]) -> Result<()> {
-        self.finalize_within(input_shape, None)
-    }
-
-    /// [`Model::finalize`], refusing before any layer builds where the
-    /// layers' state would take more than `state_budget` values: a model
-    /// file's architecture may ask for no more than the file's tensors hold.
-    fn finalize_within(
-        &mut self,
-        input_shape: &[usize],
-        state_budget: Option<usize>,
-    ) -> Result<()> {
+    /// `Ok` where the loss and the optimizer, as configured now, can train
+    /// the layers: hyperparameters in range, the loss fits the last layer.
+    /// `finalize` checks it, and so does every training step before its
+    /// forward pass, since `configure` may have changed them since.
+    fn check_configuration(&self) -> Result<()> {
         if let Some(optimizer) = &self.optimizer {
             optimizer.validate()?;
         }
@@ -399,17 +445,6 @@ impl Model {
         {
             let valid = (0.0..=1.0).contains(&label_smoothing);
             check_hyperparameter("label_smoothing", label_smoothing, valid, "in [0, 1]")?;
-        }
-        // Every layer's sizes follow from the input's: a sample's values must
-        // be countable (no overflow downstream) and indexable by the kernels.
-        let values = input_shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d).filter(|_| d > 0));
-        if input_shape.is_empty() || values.is_none_or(|v| v > u32::MAX as usize) {
-            return Err(model_err(format!(
-                "input shape {input_shape:?}: each sample needs 1 to {} values, every axis at least 1",
-                u32::MAX
-            )));
         }
         if let (Some(Loss::SoftmaxCrossEntropy { .. }), Some(last)) =
             (self.loss, self.layers.last())
@@ -428,6 +463,35 @@ impl Model {
                 "CategoricalCrossEntropy takes probabilities, but the last layer is {:?}; \
                  end the model with a Softmax layer, or use SoftmaxCrossEntropy on logits",
                 last.spec()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Builds every layer for per-sample `input_shape` on the model's device.
+    /// Shape errors name the layer by index.
+    pub fn finalize(&mut self, input_shape: &[usize]) -> Result<()> {
+        self.finalize_within(input_shape, None)
+    }
+
+    /// [`Model::finalize`], refusing before any layer builds where the
+    /// layers' state would take more than `state_budget` values: a model
+    /// file's architecture may ask for no more than the file's tensors hold.
+    fn finalize_within(
+        &mut self,
+        input_shape: &[usize],
+        state_budget: Option<usize>,
+    ) -> Result<()> {
+        self.check_configuration()?;
+        // Every layer's sizes follow from the input's: a sample's values must
+        // be countable (no overflow downstream) and indexable by the kernels.
+        let values = input_shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d).filter(|_| d > 0));
+        if input_shape.is_empty() || values.is_none_or(|v| v > u32::MAX as usize) {
+            return Err(model_err(format!(
+                "input shape {input_shape:?}: each sample needs 1 to {} values, every axis at least 1",
+                u32::MAX
             )));
         }
         let kinds: Vec<&'static str> = self.layers.iter().map(|l| l.spec().kind()).collect();
@@ -665,6 +729,15 @@ impl Model {
             )));
         }
         let n = x.len() / per;
+        // A NaN or Inf input would come out as a NaN prediction or loss.
+        if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+            return Err(model_err(format!(
+                "value {} of sample {} (index {} within it) is not finite",
+                x[i],
+                i / per,
+                i % per
+            )));
+        }
         if let Some(y) = labels {
             if y.len() != n {
                 return Err(model_err(format!("{n} samples but {} labels", y.len())));
@@ -806,6 +879,46 @@ impl Model {
         if rounds { DType::F16 } else { DType::F32 }
     }
 
+    /// `Ok` where every training step so far had a finite loss and finite
+    /// gradients. Else the error naming the first that did not: that step
+    /// and every later one changed nothing (the optimizer skipped them, see
+    /// [`Adam`]), and they are taken back, so the model is as it was before
+    /// it and trains on from there. [`Model::train`] checks this on its
+    /// logging steps and at every epoch's end; after [`Model::train_batch`]
+    /// or [`Model::train_tensors`] call it where their loss is read (it waits
+    /// for the steps recorded so far).
+    pub fn check_steps(&mut self) -> Result<()> {
+        self.check_skipped(None)
+    }
+
+    /// [`Model::check_steps`], naming the step as `pending` numbers it and,
+    /// where its loss is recorded there and not finite, as `NonFiniteLoss`.
+    pub(crate) fn check_skipped(&mut self, pending: Option<&PendingLosses>) -> Result<()> {
+        let Some(optimizer) = &mut self.optimizer else {
+            return Ok(());
+        };
+        let Some(first) = optimizer.skipped_step()? else {
+            return Ok(());
+        };
+        let later = u64::from(optimizer.steps() - first);
+        let taken_back = u64::from(optimizer.reopen()?);
+        let bad_step = self.step - later;
+        self.step = self.step.saturating_sub(taken_back);
+        if let Some(pending) = pending
+            && let Some((step, loss, _)) = pending.before_last(later)
+        {
+            let value = loss.to_vec_f32()?[0];
+            if !value.is_finite() {
+                return Err(pending.non_finite(*step, value));
+            }
+            return Err(AetherError::NonFiniteStep { step: *step, later });
+        }
+        Err(AetherError::NonFiniteStep {
+            step: bad_step,
+            later,
+        })
+    }
+
     /// One optimizer step on a batch of host data; returns the loss and the
     /// correct count without reading them back.
     pub fn train_batch(&mut self, x: &[f32], y: &[u32]) -> Result<(Tensor, Tensor)> {
@@ -877,6 +990,11 @@ impl Model {
 
     /// One optimizer step on a batch; returns the (GPU-resident) loss and correct count.
     fn train_step(&mut self, x: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
+        // Before the forward pass moves any BatchNorm statistic.
+        if self.loss.is_none() || self.optimizer.is_none() {
+            return Err(model_err("call configure(loss, optimizer, metric) first"));
+        }
+        self.check_configuration()?;
         let mode = Mode::Train {
             seed: self.seed,
             step: self.step as u32,
@@ -907,11 +1025,12 @@ impl Model {
                 decays: t.decays,
             })
             .collect();
-        optimizer.step(&mut params)?;
+        optimizer.step_with_loss(&mut params, Some(&loss))?;
         drop(params);
         drop(trainables);
         for layer in &mut self.layers {
             layer.params_updated();
+            layer.commit_step(optimizer.gate())?;
         }
         // The next backward writes the gradients where the optimizer reads them,
         // and the next forward takes the f16 weights the optimizer wrote.
@@ -982,6 +1101,7 @@ impl Model {
     /// statistics included), where one batch of `batch` samples would give a
     /// BatchNorm layer one value per channel.
     fn check_batch(&self, batch: usize) -> Result<()> {
+        self.check_training_batch(batch)?;
         match self.starved_batchnorm(batch)? {
             Some((i, values)) => Err(model_err(format!(
                 "a batch of {batch} gives layer {i} (BatchNorm) {values} value(s) per channel; \
@@ -1030,14 +1150,22 @@ impl Model {
             return Err(model_err("checkpoint every_epochs must be at least 1"));
         }
         self.check_training_batch(options.batch_size.min(n))?;
+        // Each epoch shuffles the order the one before left: the epochs
+        // completed before this call (a resumed checkpoint's) are replayed,
+        // so training on shuffles as if it had never stopped.
+        let seed = self.seed;
+        let epoch_seed =
+            move |number: usize| seed ^ (number as u64).wrapping_mul(0xd134_2543_de82_ef95);
         let mut order: Vec<usize> = (0..n).collect();
+        if options.shuffle {
+            for number in 0..self.epochs_done {
+                shuffle(&mut order, epoch_seed(number));
+            }
+        }
         let mut history = History::default();
         for epoch in 0..options.epochs {
             if options.shuffle {
-                shuffle(
-                    &mut order,
-                    self.seed ^ (epoch as u64).wrapping_mul(0xd134_2543_de82_ef95),
-                );
+                shuffle(&mut order, epoch_seed(self.epochs_done));
             }
             let start = Instant::now();
             let steps = n.div_ceil(options.batch_size);
@@ -1050,7 +1178,9 @@ impl Model {
                 let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
                 let yb = Tensor::from_u32(vec![chunk.len()], labels, &self.device)?;
                 let (loss, correct) = self.train_step(&xb, &yb)?;
+                pending.push(self.step, loss.clone(), correct.clone());
                 if (s + 1) % options.log_every.max(1) == 0 || s + 1 == steps {
+                    self.check_skipped(Some(&pending))?;
                     let value = pending.logged(self.step, &loss)?;
                     if let Some(bar) = &bar {
                         let rate = (s + 1) as f64 / start.elapsed().as_secs_f64();
@@ -1063,8 +1193,8 @@ impl Model {
                 if let Some(bar) = &bar {
                     bar.inc(1);
                 }
-                pending.push(self.step, loss, correct);
             }
+            self.check_skipped(Some(&pending))?;
             let (loss_sum, correct_sum) = pending.totals()?;
             let reg = self.regularization_loss()?.unwrap_or(0.0);
             let validation = match options.validation {
@@ -1090,6 +1220,7 @@ impl Model {
                 ));
             }
             history.epochs.push(stats);
+            self.epochs_done += 1;
             if let Some(checkpoint) = &options.checkpoint
                 && (epoch + 1).is_multiple_of(checkpoint.every_epochs)
             {
@@ -1163,26 +1294,31 @@ impl Model {
             ))
     }
 
-    /// The most samples whose activations fit one GPU buffer (f32 values), or
-    /// `None` on the CPU, where nothing limits a batch.
-    fn samples_per_buffer(&self) -> Result<Option<usize>> {
-        let Device::Gpu(ctx) = &self.device else {
-            return Ok(None);
-        };
-        let limits = &ctx.caps().limits;
-        let limit = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
+    /// The most bytes one activation tensor may take: on a GPU, one buffer
+    /// (`max_storage_buffer_binding_size` and `max_buffer_size`); on the CPU,
+    /// [`Model::cpu_tensor_limit`].
+    fn tensor_limit(&self) -> u64 {
+        match &self.device {
+            Device::Gpu(ctx) => {
+                let limits = &ctx.caps().limits;
+                limits
+                    .max_storage_buffer_binding_size
+                    .min(limits.max_buffer_size)
+            }
+            Device::Cpu => self.cpu_tensor_bytes,
+        }
+    }
+
+    /// The most samples whose activations (f32 values) fit
+    /// [`Model::tensor_limit`]: checked before any layer allocates, so a
+    /// model whose geometry blows an activation up is refused, not run.
+    fn samples_per_buffer(&self) -> Result<usize> {
         let (_, _, values) = self.largest_activation()?;
-        Ok(Some((limit / (values as u64 * 4)) as usize))
+        Ok((self.tensor_limit() / (values as u64 * 4)) as usize)
     }
 
     /// A `TooLarge` error for `samples` samples of the largest activation.
     fn batch_too_large(&self, samples: usize, context: &str) -> Result<AetherError> {
-        let Device::Gpu(ctx) = &self.device else {
-            return Err(model_err("batch limits apply only to GPU devices"));
-        };
-        let limits = &ctx.caps().limits;
         let (layer, shape, values) = self.largest_activation()?;
         let tensor = match layer {
             None => "the input".to_owned(),
@@ -1190,13 +1326,15 @@ impl Model {
         };
         Ok(AetherError::TooLarge {
             what: format!(
-                "{context}: {tensor}, {samples} x {shape:?} f32 ({} samples fit one buffer)",
-                self.samples_per_buffer()?.unwrap_or(0)
+                "{context}: {tensor}, {samples} x {shape:?} f32 ({} samples fit one {})",
+                self.samples_per_buffer()?,
+                match self.device {
+                    Device::Gpu(_) => "GPU buffer",
+                    Device::Cpu => "CPU tensor (Model::cpu_tensor_limit)",
+                }
             ),
             bytes: samples as u64 * values as u64 * 4,
-            limit: limits
-                .max_storage_buffer_binding_size
-                .min(limits.max_buffer_size),
+            limit: self.tensor_limit(),
         })
     }
 
@@ -1206,17 +1344,16 @@ impl Model {
     fn inference_batch(&self, requested: usize) -> Result<usize> {
         let requested = requested.max(1);
         match self.samples_per_buffer()? {
-            Some(0) => Err(self.batch_too_large(1, "inference on one sample")?),
-            Some(fit) => Ok(requested.min(fit)),
-            None => Ok(requested),
+            0 => Err(self.batch_too_large(1, "inference on one sample")?),
+            fit => Ok(requested.min(fit)),
         }
     }
 
-    /// Refuses a training batch whose activations do not fit one GPU buffer:
+    /// Refuses a training batch whose activations do not fit one tensor:
     /// splitting it would change the BatchNorm statistics and the gradient.
     fn check_training_batch(&self, batch: usize) -> Result<()> {
         match self.samples_per_buffer()? {
-            Some(fit) if batch > fit => {
+            fit if batch > fit => {
                 Err(self.batch_too_large(batch, "training batch (reduce batch_size)")?)
             }
             _ => Ok(()),
@@ -1244,7 +1381,14 @@ impl Model {
         let path = path.as_ref();
         let arch =
             serde_json::to_string(&self.architecture()?).map_err(|e| model_err(e.to_string()))?;
-        let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut tensors: Vec<TensorBytes> = Vec::new();
+        let training = match self.training_state()? {
+            Some((training, optimizer)) => {
+                tensors.extend(optimizer);
+                Some(training)
+            }
+            None => None,
+        };
         for (i, layer) in self.layers.iter().enumerate() {
             for (name, t) in layer.state() {
                 let bytes: Vec<u8> = bytemuck::cast_slice(&t.to_vec_f32()?).to_vec();
@@ -1259,10 +1403,109 @@ impl Model {
                     .map_err(|e| model_err(format!("tensor {name}: {e}")))
             })
             .collect::<Result<_>>()?;
-        let metadata = HashMap::from([(METADATA_KEY.to_owned(), arch)]);
+        let mut metadata = HashMap::from([(METADATA_KEY.to_owned(), arch)]);
+        if let Some(training) = &training {
+            let json = serde_json::to_string(training).map_err(|e| model_err(e.to_string()))?;
+            metadata.insert(TRAINING_KEY.to_owned(), json);
+        }
         let bytes =
             safetensors::serialize(views, Some(metadata)).map_err(|e| model_err(e.to_string()))?;
         crate::io::write_atomic(path, &bytes)
+    }
+
+    /// Where training stands and the optimizer's moments as tensors, once
+    /// the optimizer has taken a step (or was resumed): what [`Model::save`]
+    /// adds so that [`Model::resume`] can continue exactly.
+    fn training_state(&self) -> Result<Option<(TrainingState, Vec<TensorBytes>)>> {
+        let Some(optimizer) = &self.optimizer else {
+            return Ok(None);
+        };
+        let Some(mut state) = optimizer.state()? else {
+            return Ok(None);
+        };
+        // Steps skipped for a non-finite loss or gradient (not yet reported)
+        // changed nothing: the state is the one from before the first of them.
+        let mut step = self.step;
+        if let Some(first) = optimizer.skipped_step()? {
+            step -= u64::from(state.steps - (first - 1));
+            state.steps = first - 1;
+        }
+        let training = TrainingState {
+            seed: self.seed,
+            step,
+            epochs_done: self.epochs_done,
+            learning_rate: optimizer.learning_rate,
+            beta1: optimizer.beta1,
+            beta2: optimizer.beta2,
+            epsilon: optimizer.epsilon,
+            weight_decay: optimizer.weight_decay,
+            adam_steps: state.steps,
+        };
+        let mut tensors = Vec::new();
+        for (which, moments) in [("m", &state.m), ("v", &state.v)] {
+            for (k, values) in moments.iter().enumerate() {
+                let bytes: Vec<u8> = bytemuck::cast_slice(values).to_vec();
+                tensors.push((format!("optimizer.{which}.{k}"), vec![values.len()], bytes));
+            }
+        }
+        Ok(Some((training, tensors)))
+    }
+
+    /// A model and its optimizer rebuilt from a checkpoint written by
+    /// [`Model::save`] after training (a [`Checkpoint`] of
+    /// [`Model::train`]), on `device`: weights, BatchNorm statistics, the
+    /// optimizer's hyperparameters, moments and step count, the model's seed,
+    /// step and completed epochs. Training on gives the same bits as if it
+    /// had never stopped. A file without that state (saved before any step,
+    /// or by an older aether) is a `ModelFile` error: [`Model::load`] reads
+    /// its weights.
+    pub fn resume(path: impl AsRef<Path>, device: &Device) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = read_file(path)?;
+        let (arch, file) = parse(path, &bytes)?;
+        let json = metadata_value(&bytes, TRAINING_KEY).ok_or_else(|| {
+            file_err(
+                path,
+                format!("no {TRAINING_KEY} metadata: no optimizer state to resume from (Model::load reads the weights)"),
+            )
+        })?;
+        let training: TrainingState = serde_json::from_str(&json)
+            .map_err(|e| file_err(path, format!("malformed {TRAINING_KEY} ({e})")))?;
+        let mut model = Self::build(path, &arch, &file, device, training.seed)?;
+        model.step = training.step;
+        model.epochs_done = training.epochs_done;
+        let mut adam = Adam::new(training.learning_rate);
+        adam.beta1 = training.beta1;
+        adam.beta2 = training.beta2;
+        adam.epsilon = training.epsilon;
+        adam.weight_decay = training.weight_decay;
+        adam.validate()
+            .map_err(|e| file_err(path, format!("optimizer: {e}")))?;
+        let moments = |which: &str| -> Result<Vec<Vec<f32>>> {
+            let mut out = Vec::new();
+            while let Ok(view) = file.tensor(&format!("optimizer.{which}.{}", out.len())) {
+                if view.dtype() != safetensors::Dtype::F32 || view.shape().len() != 1 {
+                    return Err(file_err(
+                        path,
+                        format!(
+                            "tensor optimizer.{which}.{} is not a 1-D F32 tensor",
+                            out.len()
+                        ),
+                    ));
+                }
+                out.push(bytemuck::pod_collect_to_vec(view.data()));
+            }
+            Ok(out)
+        };
+        let state = AdamState {
+            steps: training.adam_steps,
+            m: moments("m")?,
+            v: moments("v")?,
+        };
+        adam.set_state(state)
+            .map_err(|e| file_err(path, format!("optimizer state: {e}")))?;
+        model.optimizer = Some(adam);
+        Ok(model)
     }
 
     /// A model rebuilt from a file written by [`Model::save`], on `device`.
@@ -1277,7 +1520,18 @@ impl Model {
     pub fn from_bytes(path: impl AsRef<Path>, bytes: &[u8], device: &Device) -> Result<Self> {
         let path = path.as_ref();
         let (arch, file) = parse(path, bytes)?;
-        let mut model = Model::new();
+        Self::build(path, &arch, &file, device, 0)
+    }
+
+    /// The model of a parsed file, seeded `seed`, on `device`.
+    fn build(
+        path: &Path,
+        arch: &Architecture,
+        file: &safetensors::SafeTensors,
+        device: &Device,
+        seed: u64,
+    ) -> Result<Self> {
+        let mut model = Model::new().seed(seed);
         model.device = device.clone();
         model.loss = arch.loss;
         for spec in &arch.layers {
@@ -1302,12 +1556,13 @@ impl Model {
         let held = file
             .tensors()
             .iter()
+            .filter(|(name, _)| name.starts_with("layers."))
             .map(|(_, view)| view.data().len() / 4)
             .sum();
         model
             .finalize_within(&arch.input_shape, Some(held))
             .map_err(|e| file_err(path, format!("architecture does not build: {e}")))?;
-        model.load_tensors(path, &file)?;
+        model.load_tensors(path, file)?;
         Ok(model)
     }
 
@@ -1426,6 +1681,7 @@ impl Model {
                     ));
                 }
                 let values: Vec<f32> = bytemuck::pod_collect_to_vec(view.data());
+                check_loaded_values(path, &key, name, &values)?;
                 loaded.push((
                     i,
                     name,
@@ -1440,6 +1696,32 @@ impl Model {
     }
 }
 
+/// A file's tensor `key` (state `name` of its layer) as a trained model
+/// could hold it: every value finite, a running variance not negative.
+fn check_loaded_values(path: &Path, key: &str, name: &str, values: &[f32]) -> Result<()> {
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        return Err(file_err(
+            path,
+            format!(
+                "tensor {key} holds {} at index {i}, not a finite value",
+                values[i]
+            ),
+        ));
+    }
+    if name == "running_var"
+        && let Some(i) = values.iter().position(|&v| v < 0.0)
+    {
+        return Err(file_err(
+            path,
+            format!(
+                "tensor {key} holds the negative variance {} at index {i}",
+                values[i]
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn file_err(path: &Path, reason: String) -> AetherError {
     AetherError::ModelFile {
         path: path.to_owned(),
@@ -1447,11 +1729,22 @@ fn file_err(path: &Path, reason: String) -> AetherError {
     }
 }
 
+/// A tensor as `save` writes it: name, shape, little-endian f32 bytes.
+type TensorBytes = (String, Vec<usize>, Vec<u8>);
+
+/// The value of metadata `key` in the header of a model file's `bytes`.
+fn metadata_value(bytes: &[u8], key: &str) -> Option<String> {
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).ok()?;
+    meta.metadata().as_ref()?.get(key).cloned()
+}
+
 fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| AetherError::Io {
-        action: "read model",
-        path: path.to_owned(),
-        source,
+    crate::io::read_regular(path, crate::io::MAX_MODEL_FILE_BYTES).map_err(|source| {
+        AetherError::Io {
+            action: "read model",
+            path: path.to_owned(),
+            source,
+        }
     })
 }
 
@@ -1460,6 +1753,12 @@ fn parse<'b>(path: &Path, bytes: &'b [u8]) -> Result<(Architecture, safetensors:
         .map_err(|e| file_err(path, format!("not a complete safetensors file ({e})")))?;
     let (_, meta) = safetensors::SafeTensors::read_metadata(bytes)
         .map_err(|e| file_err(path, format!("unreadable header ({e})")))?;
+    if let Some(key) = crate::io::duplicate_header_key(bytes) {
+        return Err(file_err(
+            path,
+            format!("key {key:?} appears twice in the header (which one counts is ambiguous)"),
+        ));
+    }
     let json = meta
         .metadata()
         .as_ref()

@@ -42,7 +42,15 @@ const REGULARIZATION: &str = concat!(
     include_str!("../shaders/optim/regularization.wgsl")
 );
 const SUM_IN_ORDER: &str = include_str!("../shaders/optim/sum_in_order.wgsl");
+const FINITE_CHECK: &str = concat!(
+    include_str!("../shaders/optim/segments.wgsl"),
+    include_str!("../shaders/optim/finite_check.wgsl")
+);
+/// The gate's value while every step was finite (finite_check.wgsl).
+const GATE_OPEN: u32 = u32::MAX;
 const WORKGROUP: u32 = 256;
+/// The most values one `sum_in_order` dispatch adds (its one invocation's loop).
+const SUM_IN_ORDER_STEP: usize = 1 << 14;
 
 /// One trainable tensor as the optimizer sees it.
 pub struct Param<'a> {
@@ -69,6 +77,14 @@ struct Segment {
 }
 
 /// Adam (Kingma & Ba) with optional decoupled weight decay (AdamW).
+///
+/// A step whose loss or gradients are not finite (Inf or NaN) changes
+/// nothing, as PyTorch's GradScaler skips such a step: on the GPU a check
+/// recorded before the fused update (in the same submission, read by no host)
+/// closes a gate the update reads. The gate stays closed, so every later step
+/// changes nothing either, until [`Adam::reopen`] after the host has read
+/// [`Adam::skipped_step`]: the parameters and moments stay those from before
+/// the first bad step.
 pub struct Adam {
     pub learning_rate: f32,
     pub beta1: f32,
@@ -78,6 +94,19 @@ pub struct Adam {
     pub weight_decay: f32,
     steps: u32,
     moments: Option<Moments>,
+    /// Moments read from a checkpoint ([`Adam::set_state`]), laid out by the
+    /// first step that follows.
+    restored: Option<AdamState>,
+}
+
+/// What [`Adam`] carries from step to step, as a checkpoint saves it: the
+/// step count (the bias correction's `t`) and each parameter's first and
+/// second moments, in the order the steps take the parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdamState {
+    pub steps: u32,
+    pub m: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
 }
 
 /// First and second moments of every parameter, packed, and the layout they follow.
@@ -97,6 +126,11 @@ struct Moments {
     packed_grads: Option<(Tensor, Vec<Tensor>)>,
     /// The parameters' f16 mirror on an adapter with f16, laid out alike, and views.
     packed_f16: Option<(Tensor, Vec<Tensor>)>,
+    /// The first step (counting from 1) whose loss or gradients were not
+    /// finite, or [`GATE_OPEN`]: a `[1]` U32 tensor on the parameters'
+    /// device, which the GPU's check writes and its update reads, so no step
+    /// waits for the host (see [`Adam::skipped_step`]).
+    gate: Tensor,
 }
 
 impl Adam {
@@ -110,6 +144,7 @@ impl Adam {
             weight_decay: 0.0,
             steps: 0,
             moments: None,
+            restored: None,
         }
     }
 
@@ -169,11 +204,100 @@ impl Adam {
     pub(crate) fn forget_state(&mut self) {
         self.steps = 0;
         self.moments = None;
+        self.restored = None;
     }
 
-    /// Steps taken so far.
+    /// The step count and moments, for a checkpoint; `None` before the
+    /// first step (nothing to carry). On the GPU this reads the moments back.
+    pub fn state(&self) -> Result<Option<AdamState>> {
+        let Some(moments) = &self.moments else {
+            return Ok(self.restored.clone());
+        };
+        let unpack = |packed: &Tensor| -> Result<Vec<Vec<f32>>> {
+            let all = packed.to_vec_f32()?;
+            Ok(moments
+                .lengths
+                .iter()
+                .zip(&moments.offsets)
+                .map(|(&len, &at)| all[at..at + len].to_vec())
+                .collect())
+        };
+        Ok(Some(AdamState {
+            steps: self.steps,
+            m: unpack(&moments.m)?,
+            v: unpack(&moments.v)?,
+        }))
+    }
+
+    /// Continues from `state` (see [`Adam::state`]) instead of a first step:
+    /// the next step takes the parameters with these moments and step count,
+    /// exactly as the optimizer that saved them would have. The next step
+    /// refuses it where the parameters' sizes differ. Every moment must be
+    /// finite, and every second moment at least 0.
+    pub fn set_state(&mut self, state: AdamState) -> Result<()> {
+        let bad = state.m.iter().flatten().any(|x| !x.is_finite())
+            || state
+                .v
+                .iter()
+                .flatten()
+                .any(|x| !(x.is_finite() && *x >= 0.0))
+            || state.m.len() != state.v.len()
+            || state
+                .m
+                .iter()
+                .zip(&state.v)
+                .any(|(m, v)| m.len() != v.len());
+        if bad {
+            return Err(AetherError::InvalidShape {
+                op: "Adam::set_state",
+                shape: state.m.iter().map(Vec::len).collect(),
+                reason: "moments must pair up, be finite, and second moments at least 0".into(),
+            });
+        }
+        self.moments = None;
+        self.steps = state.steps;
+        self.restored = Some(state);
+        Ok(())
+    }
+
+    /// Steps taken so far (skipped ones included, until [`Adam::reopen`]).
     pub fn steps(&self) -> u32 {
         self.steps
+    }
+
+    /// The first step (counting from 1, as [`Adam::steps`]) whose loss or
+    /// gradients were not finite, so that it and every step after it changed
+    /// nothing; `None` where all were finite. On the GPU this reads the gate
+    /// back (a wait for the steps recorded so far).
+    pub fn skipped_step(&self) -> Result<Option<u32>> {
+        let Some(moments) = &self.moments else {
+            return Ok(None);
+        };
+        let gate = moments.gate.to_vec_u32()?[0];
+        Ok((gate != GATE_OPEN).then_some(gate))
+    }
+
+    /// Forgets the steps from the first skipped one on (the step count goes
+    /// back to the last finite step) and opens the gate, so training can go
+    /// on from the parameters as they are. Returns how many steps it took
+    /// back (0 where none was skipped).
+    pub fn reopen(&mut self) -> Result<u32> {
+        let Some(first) = self.skipped_step()? else {
+            return Ok(0);
+        };
+        let moments = self.moments.as_mut().expect("a step was taken");
+        moments.gate = Tensor::from_u32(vec![1], vec![GATE_OPEN], &moments.gate.device())?;
+        let taken_back = self.steps - (first - 1);
+        self.steps = first - 1;
+        Ok(taken_back)
+    }
+
+    /// The gate of the last step: `[1]` U32, `u32::MAX` (open)
+    /// while every step was finite. A layer whose state moves in the forward
+    /// pass (BatchNorm's running statistics) keeps the new state only where
+    /// it is open.
+    pub fn gate(&self) -> Option<&Tensor> {
+        self.moments.as_ref().map(|m| &m.gate)
     }
 
     /// On the GPU, after the first step: where the parameters' gradients
@@ -199,8 +323,15 @@ impl Adam {
             .map(|(_, views)| views.as_slice())
     }
 
-    /// Updates every parameter from its gradient; all must be f32 on one device.
+    /// Updates every parameter from its gradient; all must be f32 on one
+    /// device. A gradient that is not finite skips the step (see [`Adam`]).
     pub fn step(&mut self, params: &mut [Param]) -> Result<()> {
+        self.step_with_loss(params, None)
+    }
+
+    /// [`Adam::step`], skipped also where `loss` (a `[1]` F32 tensor on the
+    /// parameters' device) is not finite.
+    pub fn step_with_loss(&mut self, params: &mut [Param], loss: Option<&Tensor>) -> Result<()> {
         self.validate()?;
         let lengths: Vec<usize> = params.iter().map(|p| p.value.numel()).collect();
         for p in params.iter() {
@@ -215,6 +346,15 @@ impl Adam {
                 op: "Adam::step (all parameters on one device)",
                 a: device.name(),
                 b: other.value.device().name(),
+            });
+        }
+        if let Some(loss) = loss
+            && (loss.numel() != 1 || loss.dtype() != DType::F32 || !loss.device().same_as(&device))
+        {
+            return Err(AetherError::InvalidShape {
+                op: "Adam::step loss",
+                shape: loss.dims().to_vec(),
+                reason: format!("must be one F32 value on {}", device.name()),
             });
         }
         match &self.moments {
@@ -243,16 +383,38 @@ impl Adam {
                     }
                 };
                 let total = *offsets.last().expect("offsets end with the total");
-                let zeros = || Tensor::from_f32(vec![total], vec![0.0; total], &device);
+                let restored = self.restored.take();
+                if let Some(r) = &restored {
+                    let saved: Vec<usize> = r.m.iter().map(Vec::len).collect();
+                    if saved != lengths {
+                        self.restored = restored;
+                        return Err(AetherError::ShapeMismatch {
+                            op: "Adam::step (parameter sizes of the restored state)",
+                            expected: saved,
+                            actual: lengths,
+                        });
+                    }
+                }
+                let packed = |which: fn(&AdamState) -> &Vec<Vec<f32>>| {
+                    let mut flat = vec![0.0; total];
+                    if let Some(r) = &restored {
+                        for (values, &at) in which(r).iter().zip(&offsets) {
+                            flat[at..at + values.len()].copy_from_slice(values);
+                        }
+                    }
+                    Tensor::from_f32(vec![total], flat, &device)
+                };
+                let (m, v) = (packed(|r| &r.m)?, packed(|r| &r.v)?);
                 self.moments = Some(Moments {
                     lengths: lengths.clone(),
                     offsets,
-                    m: zeros()?,
-                    v: zeros()?,
+                    m,
+                    v,
                     segments: None,
                     packed: None,
                     packed_grads: None,
                     packed_f16: None,
+                    gate: Tensor::from_u32(vec![1], vec![GATE_OPEN], &device)?,
                 });
             }
         }
@@ -263,17 +425,38 @@ impl Adam {
         let decay_lr = self.learning_rate * self.weight_decay;
         let moments = self.moments.as_mut().expect("initialised above");
         match &device {
-            Device::Cpu => self.step_cpu(params, lr_t, decay_lr),
+            Device::Cpu => self.step_cpu(params, loss, lr_t, decay_lr),
             Device::Gpu(ctx) => {
                 let hyper = [self.beta1, self.beta2, self.epsilon];
-                step_gpu(ctx, params, moments, lr_t, decay_lr, hyper)
+                step_gpu(ctx, params, moments, loss, t as u32, lr_t, decay_lr, hyper)
             }
         }
     }
 
-    fn step_cpu(&mut self, params: &mut [Param], lr_t: f32, decay_lr: f32) -> Result<()> {
+    fn step_cpu(
+        &mut self,
+        params: &mut [Param],
+        loss: Option<&Tensor>,
+        lr_t: f32,
+        decay_lr: f32,
+    ) -> Result<()> {
         let (b1, b2, eps) = (self.beta1, self.beta2, self.epsilon);
+        let step = self.steps;
         let moments = self.moments.as_mut().expect("initialised");
+        let mut finite = true;
+        for value in loss
+            .iter()
+            .map(|l| l.to_vec_f32())
+            .chain(params.iter().map(|p| p.grad.to_vec_f32()))
+        {
+            finite &= value?.iter().all(|v| v.is_finite());
+        }
+        let gate = moments.gate.to_vec_u32()?[0];
+        if gate != GATE_OPEN || !finite {
+            let first = if gate == GATE_OPEN { step } else { gate };
+            moments.gate = Tensor::from_u32(vec![1], vec![first], &Device::Cpu)?;
+            return Ok(());
+        }
         let mut m = moments.m.to_vec_f32()?;
         let mut v = moments.v.to_vec_f32()?;
         for (p, &offset) in params.iter_mut().zip(&moments.offsets) {
@@ -396,10 +579,13 @@ fn pack(ctx: &Arc<GpuContext>, tensors: &[&Tensor]) -> Result<Tensor> {
     Ok(flat)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn step_gpu(
     ctx: &Arc<GpuContext>,
     params: &mut [Param],
     moments: &mut Moments,
+    loss: Option<&Tensor>,
+    step: u32,
     lr_t: f32,
     decay_lr: f32,
     [beta1, beta2, eps]: [f32; 3],
@@ -450,6 +636,27 @@ fn step_gpu(
         WORKGROUP,
         ctx.caps().limits.max_compute_workgroups_per_dimension,
     );
+    // The check closes the gate before the update reads it: a dispatch
+    // cannot wait for all of its own workgroups, so it is one of its own.
+    let check = [
+        total as u32,
+        row_stride,
+        params.len() as u32,
+        step,
+        u32::from(loss.is_some()),
+    ];
+    ctx.dispatch(
+        "adam_finite_check",
+        &*pipeline(ctx, "adam_finite_check", FINITE_CHECK)?,
+        &[
+            gpu_buf(flat_grads),
+            gpu_buf(&seg_tensor),
+            gpu_buf(loss.unwrap_or(flat_grads)),
+            gpu_buf(&moments.gate),
+        ],
+        bytemuck::cast_slice(&check),
+        grid,
+    )?;
     let uniform = [
         total as u32,
         row_stride,
@@ -477,6 +684,7 @@ fn step_gpu(
         gpu_buf(&moments.m),
         gpu_buf(&moments.v),
         gpu_buf(&seg_tensor),
+        gpu_buf(&moments.gate),
     ];
     let kernel = match (mirror_kernel, &moments.packed_f16) {
         (Some(kernel), Some((mirror, _))) => {
@@ -550,12 +758,18 @@ pub fn regularization_loss(terms: &[(&Tensor, f32, f32)]) -> Result<Tensor> {
         grid,
     )?;
     let out = Tensor::uninit_gpu(ctx, Shape::new([1])?, DType::F32)?;
-    ctx.dispatch(
-        "sum_in_order",
-        &*pipeline(ctx, "sum_in_order", SUM_IN_ORDER)?,
-        &[gpu_buf(&partials), gpu_buf(&out)],
-        bytemuck::bytes_of(&(groups as u32)),
-        [1, 1, 1],
-    )?;
+    // In order, in dispatches of at most SUM_IN_ORDER_STEP additions, the
+    // total carried in `out` between them (lavapipe stops an invocation after
+    // 65535 loop iterations).
+    for first in (0..groups).step_by(SUM_IN_ORDER_STEP) {
+        let end = (first + SUM_IN_ORDER_STEP).min(groups);
+        ctx.dispatch(
+            "sum_in_order",
+            &*pipeline(ctx, "sum_in_order", SUM_IN_ORDER)?,
+            &[gpu_buf(&partials), gpu_buf(&out)],
+            bytemuck::cast_slice(&[first as u32, end as u32]),
+            [1, 1, 1],
+        )?;
+    }
     Ok(out)
 }

@@ -195,7 +195,9 @@ impl Tensor {
     }
 
     /// An f16 tensor of host f32 values rounded to nearest, as
-    /// `half::f16::from_f32` rounds them. On a GPU they are converted straight into
+    /// `half::f16::from_f32` rounds them, saturating: beyond +-65504 (infinities
+    /// too) gives +-65504, NaN stays NaN, as every f32 -> f16 conversion of
+    /// aether. On a GPU they are converted straight into
     /// the upload's staging memory: half the bytes of an f32 upload.
     pub fn from_f32_as_f16(
         dims: impl Into<Vec<usize>>,
@@ -205,7 +207,10 @@ impl Tensor {
         let shape = Shape::new(dims)?;
         check_len(&shape, data.len())?;
         let Device::Gpu(ctx) = device else {
-            let rounded = data.iter().map(|&v| f16::from_f32(v)).collect();
+            let rounded = data
+                .iter()
+                .map(|&v| f16::from_f32(crate::conv::clip_f16_range(v)))
+                .collect();
             return Self::from_f16(shape.dims().to_vec(), rounded, device);
         };
         Self::upload_with(ctx, shape, DType::F16, |dst| {
@@ -216,7 +221,8 @@ impl Tensor {
     /// The rows `rows` of `x` (a host array of `x.len() / row_len` rows of
     /// `row_len` values), in that order, as one tensor of shape `dims`
     /// (`dims[0] == rows.len()`), stored as `dtype`: F32, or F16 rounded to
-    /// nearest as `half::f16::from_f32` rounds. This is how a shuffled batch
+    /// nearest as `half::f16::from_f32` rounds, saturating at +-65504 (see
+    /// [`Tensor::from_f32_as_f16`]). This is how a shuffled batch
     /// goes to a GPU: each row straight into the upload's staging memory, no
     /// gathered copy on the host.
     pub fn from_f32_rows(

@@ -185,6 +185,8 @@ fn checkpoint_survives_a_kill_during_save() {
         // Whatever the timing, the file is a complete model.
         let mut restored = Model::load(&path, &Device::Cpu).unwrap();
         let predicted = restored.predict(&probes, PROBES, true).unwrap();
+        // And it carries the optimizer's state: training can resume from it.
+        Model::resume(&path, &Device::Cpu).expect("a checkpoint left by a kill resumes");
         if !inside_save {
             report(&format!(
                 "[aether-test] attempt {attempt}: the save finished before the kill; again"

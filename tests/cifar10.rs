@@ -500,3 +500,39 @@ fn smoke_run_on_files_in_the_cifar_layout_with_augmentation() {
     };
     assert!(matches!(run(&bad), Err(AetherError::Dataset { .. })));
 }
+
+/// Issue 37 (minor): the cifar10 example reports a `--save` or `--plot` path
+/// it cannot write before it trains, not after.
+#[test]
+fn the_cifar10_run_refuses_an_unwritable_save_or_plot_path_before_training() {
+    let dir = TempDir::new("cifar10-paths");
+    let blocker = dir.0.join("a-file");
+    std::fs::write(&blocker, b"not a directory").unwrap();
+    // Many epochs on the whole synthetic set: minutes, were they trained.
+    let args = Cifar10Args {
+        epochs: 1000,
+        device: Some(aether::gpu::DevicePreference::Cpu),
+        ..Cifar10Args::default()
+    };
+    for args in [
+        Cifar10Args {
+            save: Some(dir.0.clone()),
+            ..args.clone()
+        },
+        Cifar10Args {
+            plot: Some(blocker.join("curves.png")),
+            ..args.clone()
+        },
+    ] {
+        let start = std::time::Instant::now();
+        let err = run(&args).map(|_| ()).unwrap_err();
+        assert!(matches!(err, AetherError::Io { .. }), "{err}");
+        assert!(start.elapsed().as_secs() < 5, "refused before training");
+    }
+    // The writability probe leaves nothing behind.
+    let left: Vec<_> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["a-file"]);
+}

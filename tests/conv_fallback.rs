@@ -57,16 +57,10 @@ fn fused_cast_failing_to_compile_falls_back_to_two_dispatches_with_identical_bit
             2,
             "fallback uses two dispatches"
         );
-        let want = |v: &[f32], clip: bool| -> Vec<u16> {
+        // Both operands saturate at +-65504 (NaN kept).
+        let want = |v: &[f32]| -> Vec<u16> {
             v.iter()
-                .map(|&x| {
-                    half::f16::from_f32(if clip {
-                        aether::conv::clip_f16_range(x)
-                    } else {
-                        x
-                    })
-                    .to_bits()
-                })
+                .map(|&x| half::f16::from_f32(aether::conv::clip_f16_range(x)).to_bits())
                 .collect()
         };
         let bits = |t: &Tensor| {
@@ -76,8 +70,8 @@ fn fused_cast_failing_to_compile_falls_back_to_two_dispatches_with_identical_bit
                 .map(|h| h.to_bits())
                 .collect::<Vec<_>>()
         };
-        assert_eq!(bits(&dv16), want(&dvalues, true), "seed {}", rng.seed);
-        assert_eq!(bits(&xs16), want(&inputs, false), "seed {}", rng.seed);
+        assert_eq!(bits(&dv16), want(&dvalues), "seed {}", rng.seed);
+        assert_eq!(bits(&xs16), want(&inputs), "seed {}", rng.seed);
     }
     let warned = warnings_about("conv_backward_cast_fp16", before);
     assert_eq!(warned.len(), 1, "one warning for two calls: {warned:?}");

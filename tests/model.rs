@@ -710,11 +710,13 @@ test_device!(
 test_device!(
     non_finite_loss_stops_training_naming_the_step,
     |device: &Device| {
-        let mut x = Rng::fresh().vec(4 * 8);
-        x[5 * 4] = f32::NAN; // sample 5, in the third batch of two
+        let x = Rng::fresh().vec(4 * 8);
         let y = vec![0, 1, 2, 0, 1, 2, 0, 1];
-        // Logging every step, and only at the epoch's end: the loss is read
-        // back at step 4 there, and the error still names step 3.
+        // A learning rate of f32::MAX drives the bias past f32 within a few steps
+        // (NaN in host data is refused before any step). Logging every step,
+        // and only at the epoch's end: the loss is read back at step 4 there,
+        // and the error still names the same step.
+        let mut steps = Vec::new();
         for log_every in [1, 100] {
             let mut model = Model::new().seed(2);
             model.to(device).unwrap();
@@ -724,7 +726,7 @@ test_device!(
                 Loss::SoftmaxCrossEntropy {
                     label_smoothing: 0.0,
                 },
-                Adam::new(1e-2),
+                Adam::new(f32::MAX),
                 Metric::CategoricalAccuracy,
             );
             model.finalize(&[2, 2, 1]).unwrap();
@@ -737,12 +739,12 @@ test_device!(
                 ..TrainOptions::default()
             };
             match model.train(&x, &y, &options) {
-                Err(AetherError::NonFiniteLoss { step, .. }) => {
-                    assert_eq!(step, 3, "log_every {log_every}")
-                }
+                Err(AetherError::NonFiniteLoss { step, .. }) => steps.push(step),
                 other => panic!("log_every {log_every}: expected NonFiniteLoss, got {other:?}"),
             }
         }
+        assert!(steps[0] > 1 && steps[0] <= 4, "{steps:?}");
+        assert_eq!(steps[0], steps[1]);
     }
 );
 

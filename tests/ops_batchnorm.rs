@@ -649,7 +649,7 @@ test_device!(
         let rounded = |t: &Tensor| -> Vec<u16> {
             values(t)
                 .into_iter()
-                .map(|v| f16::from_f32(v).to_bits())
+                .map(|v| f16::from_f32(aether::conv::clip_f16_range(v)).to_bits())
                 .collect()
         };
         let bits = |t: &Tensor| -> Vec<u32> { values(t).into_iter().map(f32::to_bits).collect() };
@@ -713,8 +713,10 @@ test_device!(
                     .filter(|&(&h, f)| h == 0.0 && f > 0.0)
                     .count();
                 assert!(flushed > 0, "no positive y rounded to +0 in {ctx}");
-                let infinite = y16_wide.iter().filter(|v| v.is_infinite()).count();
-                assert!(infinite > 0, "no y overflowed f16 in {ctx}");
+                // Past f16's range the output saturates (issue 37), never inf.
+                let saturated = y16_wide.iter().filter(|v| v.abs() == 65504.0).count();
+                assert!(saturated > 0, "no y saturated in {ctx}");
+                assert!(y16_wide.iter().all(|v| !v.is_infinite()), "{ctx}");
 
                 let inferred =
                     batch_norm_inference_as(&x, &gamma, &beta, &rm, &rv, EPS, half_out).unwrap();

@@ -196,6 +196,10 @@ pub fn check_args(args: &Cifar10Args) -> Result<()> {
             expected: "finite and > 0",
         });
     }
+    // A bad --save or --plot path is reported now, not after training.
+    for path in args.save.iter().chain(&args.plot) {
+        aether::io::check_writable(path)?;
+    }
     Ok(())
 }
 

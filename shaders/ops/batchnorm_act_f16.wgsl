@@ -7,7 +7,7 @@
 alias ActBits = vec2<u32>;
 
 fn act_bits(v: Lanes) -> ActBits {
-    let h = f16_bits4(bitcast<vec4<u32>>(v));
+    let h = f16_bits4(clip_f16_range4(bitcast<vec4<u32>>(v)));
     return vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
 }
 

@@ -111,7 +111,7 @@ fn main_f16(
     for (var p = first_pixel; p < end; p++) {
         let i4 = (map * params.map_span + p * params.channels + c) / 4u;
         mask_out4[i4] = m;
-        let h = f16_bits4(bitcast<vec4<u32>>(input4[i4] * m));
+        let h = f16_bits4(clip_f16_range4(bitcast<vec4<u32>>(input4[i4] * m)));
         output_f16[i4] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
     }
 }

@@ -119,7 +119,7 @@ fn main_dropout_f16(
     if (!m.lane.live) {
         return;
     }
-    let h = f16_bits4(masked4(m));
+    let h = f16_bits4(clip_f16_range4(masked4(m)));
     y_f16[m.lane.o / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
     argmax4[m.lane.o / 4u] = m.best[1];
 }

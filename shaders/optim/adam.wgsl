@@ -1,6 +1,6 @@
 // The Adam step (adam_update.wgsl) over the packed parameters.
 
-@group(0) @binding(5) var<uniform> step: Params;
+@group(0) @binding(6) var<uniform> step: Params;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

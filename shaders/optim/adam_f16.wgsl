@@ -4,15 +4,15 @@
 // mirror has the bits `cast_f16` would give. (The source starts with
 // `enable f16;`.)
 
-@group(0) @binding(5) var<storage, read_write> params_f16: array<f16>;
-@group(0) @binding(6) var<uniform> step: Params;
+@group(0) @binding(6) var<storage, read_write> params_f16: array<f16>;
+@group(0) @binding(7) var<uniform> step: Params;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x + gid.y * step.row_stride;
     if (i < step.len && update(i)) {
         // The f16 value widened exactly to f32, so the final conversion is exact.
-        let bits = f16_bits4(vec4(bitcast<u32>(params[i]))).x;
+        let bits = f16_bits4(clip_f16_range4(vec4(bitcast<u32>(params[i])))).x;
         params_f16[i] = f16(unpack2x16float(bits).x);
     }
 }

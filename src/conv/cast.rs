@@ -67,7 +67,8 @@ pub fn cast_f16(x: &Tensor, clip: bool) -> Result<Tensor> {
     Ok(out)
 }
 
-/// The fp16 operands of a conv backward pass: `(clip(dvalues) as f16, inputs as f16)`.
+/// The fp16 operands of a conv backward pass: `(clip(dvalues) as f16,
+/// clip(inputs) as f16)`, both saturating as the forward's operands do.
 pub fn conv_backward_cast_fp16(dvalues: &Tensor, inputs: &Tensor) -> Result<(Tensor, Tensor)> {
     require_f32("conv_backward_cast_fp16", dvalues)?;
     require_f32("conv_backward_cast_fp16", inputs)?;
@@ -79,7 +80,7 @@ pub fn conv_backward_cast_fp16(dvalues: &Tensor, inputs: &Tensor) -> Result<(Ten
         });
     }
     let Some(ctx) = dvalues.gpu_context() else {
-        return Ok((cast_f16(dvalues, true)?, cast_f16(inputs, false)?));
+        return Ok((cast_f16(dvalues, true)?, cast_f16(inputs, true)?));
     };
     let key = PipelineKey::new("conv_backward_cast_fp16", "fused");
     let Some(pipeline) = ctx
@@ -87,7 +88,7 @@ pub fn conv_backward_cast_fp16(dvalues: &Tensor, inputs: &Tensor) -> Result<(Ten
         .get_or_create(&key, "main", || [F16_BITS, BACKWARD_CAST].concat().into())
     else {
         // The pipeline cache has warned once; the two-dispatch path gives identical bits.
-        return Ok((cast_f16(dvalues, true)?, cast_f16(inputs, false)?));
+        return Ok((cast_f16(dvalues, true)?, cast_f16(inputs, true)?));
     };
     let dvalues_f16 = Tensor::uninit_gpu(ctx, dvalues.shape().clone(), DType::F16)?;
     let inputs_f16 = Tensor::uninit_gpu(ctx, inputs.shape().clone(), DType::F16)?;

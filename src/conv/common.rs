@@ -407,22 +407,30 @@ pub(crate) const GEMM_RUN: usize = 8;
 /// binding (coop kernels whose runs fit, so every run offset is a multiple of
 /// 8) is declared as vec4s, so a run is two 8-byte (f16) or 16-byte (f32)
 /// loads; the pool sizes every buffer in 256-byte granules, so the vector view
-/// covers the whole tensor.
-fn operand_reader(name: &str, f32_storage: bool, vectorized: bool) -> String {
+/// covers the whole tensor. With `saturate` (f32 storage read by an f16
+/// variant) each value saturates at +-65504 before the rounding, NaN kept, as
+/// every f32 -> f16 conversion of aether does: an overflow to inf would come
+/// out of the conv as inf or NaN.
+fn operand_reader(name: &str, f32_storage: bool, vectorized: bool, saturate: bool) -> String {
     let scalar = if f32_storage { "f32" } else { "operand" };
+    let (sat, sat4) = if saturate {
+        ("saturate_f16", "saturate_f16_4")
+    } else {
+        ("", "")
+    };
     let (elem, at, run) = if vectorized {
         (
             format!("vec4<{scalar}>"),
-            format!("return f32(operand({name}[i >> 2u][i & 3u]));"),
+            format!("return f32(operand({sat}({name}[i >> 2u][i & 3u])));"),
             format!(
                 "let q = u32(offset) >> 2u;
-    return Run(vec4<operand>({name}[q]), vec4<operand>({name}[q + 1u]));"
+    return Run(vec4<operand>({sat4}({name}[q])), vec4<operand>({sat4}({name}[q + 1u])));"
             ),
         )
     } else {
         (
             scalar.to_owned(),
-            format!("return f32(operand({name}[i]));"),
+            format!("return f32(operand({sat}({name}[i])));"),
             format!(
                 "var run: Run;
     for (var j = 0u; j < 8u; j++) {{
@@ -450,7 +458,21 @@ fn {name}_run(offset: i32) -> Run {{
 }
 
 /// A run of [`GEMM_RUN`] operands as the coop core stages them.
-const RUN_TYPE: &str = "alias Run = array<vec4<operand>, 2>;\n";
+const RUN_TYPE: &str = "alias Run = array<vec4<operand>, 2>;
+
+// An f32 value bound for an f16 operand saturates at +-65504 (infinities
+// too), NaN kept, judged from the bits: a float comparison may lose a NaN.
+fn saturate_f16_4(x: vec4<f32>) -> vec4<f32> {
+    let b = bitcast<vec4<u32>>(x);
+    let magnitude = b & vec4(0x7fffffffu);
+    let keep = magnitude > vec4(0x7f800000u) | magnitude <= vec4(0x477fe000u);
+    return bitcast<vec4<f32>>(select((b & vec4(0x80000000u)) | vec4(0x477fe000u), b, keep));
+}
+
+fn saturate_f16(x: f32) -> f32 {
+    return saturate_f16_4(vec4(x)).x;
+}
+";
 
 impl ConvKernel {
     /// C's `[rows, cols]` where this kernel's coop core stores tiles
@@ -555,9 +577,10 @@ impl ConvKernel {
                             .position(|&input| input == name)
                             .is_some_and(f32_read)
                 };
+                let saturate = |name: &str| variant.f16_operands() && f32_storage(name);
                 readers = RUN_TYPE.to_owned()
-                    + &operand_reader(runs.a, f32_storage(runs.a), fits[0])
-                    + &operand_reader(runs.b, f32_storage(runs.b), fits[1]);
+                    + &operand_reader(runs.a, f32_storage(runs.a), fits[0], saturate(runs.a))
+                    + &operand_reader(runs.b, f32_storage(runs.b), fits[1], saturate(runs.b));
                 parts.push(&readers);
                 parts.extend(self.parts);
                 core = match (plan.halo, plan.dweight_halo, plan.coop) {
@@ -720,17 +743,13 @@ pub(crate) fn expect_dims(op: &'static str, t: &Tensor, dims: &[usize]) -> Resul
     }
 }
 
-/// `t` in the operand type of `variant`: f32 inputs are cast to f16 (unclipped,
-/// or clipped to +-65504 for gradients) for the f16 variants; an f16 tensor
-/// cannot feed the f32 variant, and u32 tensors feed none.
-pub(crate) fn gpu_operand(
-    op: &'static str,
-    t: &Tensor,
-    variant: ConvVariant,
-    clip: bool,
-) -> Result<Tensor> {
+/// `t` in the operand type of `variant`: f32 inputs are cast to f16 for the
+/// f16 variants, saturating at +-65504 as every f32 -> f16 conversion of aether
+/// does (an overflow to inf would come out of the conv as inf or NaN); an f16
+/// tensor cannot feed the f32 variant, and u32 tensors feed none.
+pub(crate) fn gpu_operand(op: &'static str, t: &Tensor, variant: ConvVariant) -> Result<Tensor> {
     match (t.dtype(), variant.f16_operands()) {
-        (DType::F32, true) => super::cast::cast_f16(t, clip),
+        (DType::F32, true) => super::cast::cast_f16(t, true),
         (DType::F16, true) | (DType::F32, false) => Ok(t.clone()),
         (dtype, _) => Err(AetherError::InvalidShape {
             op,
@@ -779,6 +798,33 @@ pub(crate) fn same_device(op: &'static str, tensors: &[&Tensor]) -> Result<()> {
     }
 }
 
+/// Refuses, where the driver cuts loops short
+/// ([`GpuCapabilities::loop_iteration_limit`]: lavapipe), a portable GEMM
+/// whose invocations would loop past the limit: `turns` row tiles each, and
+/// `tiles` reduction steps in each (a Dense layer of 2^20 inputs on lavapipe
+/// summed 65535 of its 65536 steps and returned that, with no error).
+pub(crate) fn check_gemm_loops(
+    ctx: &GpuContext,
+    direction: ConvDirection,
+    turns: usize,
+    tiles: usize,
+) -> Result<()> {
+    let iterations = (turns * (tiles + 1)) as u64;
+    match ctx.caps().loop_iteration_limit() {
+        Some(limit) if iterations >= limit => Err(AetherError::TooLarge {
+            what: format!(
+                "{direction:?} conv: {turns} row tile(s) of {tiles} reduction steps, {iterations} \
+                 loop iterations an invocation on {:?}, whose driver stops invocations after \
+                 {limit}",
+                ctx.caps().adapter_name
+            ),
+            bytes: iterations,
+            limit,
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl ConvLaunchPlan {
     /// The plan of `variant`'s GEMM over a `rows x cols` output with `z` slices
     /// (split-K 1), run by `kernel` on `meta`; an error (a decline) when the
@@ -822,6 +868,12 @@ impl ConvLaunchPlan {
                 workgroups: too_many as u64,
                 limit: limit as u64,
             });
+        }
+        // dweight splits its reduction to fit (dweight.rs); the others cannot.
+        if coop.is_none() && direction != ConvDirection::DWeight {
+            let turns = rows.div_ceil(tile_m as usize).div_ceil(grid[0].max(1));
+            let depth = direction.reduction_depth(meta);
+            check_gemm_loops(ctx, direction, turns, depth.div_ceil(tile_k as usize))?;
         }
         Ok(Self {
             variant,

@@ -134,7 +134,7 @@ pub fn dinput_flipped_filter(
     let Some(plan) = halo_plan(ctx, &meta, w, plans)? else {
         return Ok(None);
     };
-    let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant, false)?;
+    let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant)?;
     dinput_halo::flip_filter(ctx, &w_op, &meta).map(Some)
 }
 
@@ -160,8 +160,8 @@ pub fn conv2d_dinput_flipped(
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     };
     let plan = plan(ctx, &meta, w, plans)?;
-    let dy_op = gpu_operand("conv2d_dinput dvalues", dy, plan.variant, true)?;
-    let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant, false)?;
+    let dy_op = gpu_operand("conv2d_dinput dvalues", dy, plan.variant)?;
+    let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims)?, DType::F32)?;
     if plan.halo.is_some() {
         if let Some(wt) = flipped {

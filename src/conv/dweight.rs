@@ -8,8 +8,8 @@ use rayon::prelude::*;
 use super::cast::conv_backward_cast_fp16;
 use super::common::{
     ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, GEMM_RUN,
-    GemmRuns, IM2COL, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first,
-    same_device,
+    GemmRuns, IM2COL, accepts_operand, buf, check_gemm_loops, expect_dims, gpu_operand,
+    host_values, plan_first, same_device,
 };
 use super::dinput_halo::{FLIP_PAIR, flipped_dims};
 use super::dweight_halo::DWeightHalo;
@@ -158,6 +158,20 @@ pub(crate) fn conv2d_dweight_into(
             let max_split =
                 (ctx.caps().limits.max_storage_buffer_binding_size / slice_bytes).max(1);
             split = split.min(max_split as u32);
+            // Where the driver cuts loops short (lavapipe), enough slices
+            // that each invocation's share of the reduction stays under it.
+            if let Some(limit) = ctx.caps().loop_iteration_limit()
+                && plan.coop.is_none()
+            {
+                let turns = rows
+                    .div_ceil(plan.tile_m as usize)
+                    .div_ceil(plan.workgroups[0].max(1) as usize);
+                let per_slice = (limit as usize / 2 / turns.max(1)).max(1);
+                let needed = (reduction_tiles as usize).div_ceil(per_slice) as u32;
+                split = split.max(needed.min(max_split as u32));
+                let tiles = (reduction_tiles as usize).div_ceil(split as usize);
+                check_gemm_loops(ctx, ConvDirection::DWeight, turns, tiles)?;
+            }
             plan.workgroups[2] = split;
             plan.split_k = split;
             // The halo kernel where it fits and compiles; should it fail to
@@ -200,8 +214,8 @@ pub(crate) fn conv2d_dweight_into(
             (x16, dy16)
         }
         _ => (
-            gpu_operand("conv2d_dweight input", x, plan.variant, false)?,
-            gpu_operand("conv2d_dweight dvalues", dy, plan.variant, true)?,
+            gpu_operand("conv2d_dweight input", x, plan.variant)?,
+            gpu_operand("conv2d_dweight dvalues", dy, plan.variant)?,
         ),
     };
     // The halo kernel's slices have more rows (its dbias tiles): the reduce

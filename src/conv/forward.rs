@@ -101,9 +101,9 @@ pub fn conv2d_forward(
     let x_op = if read_f32 {
         x.clone()
     } else {
-        gpu_operand("conv2d_forward input", x, plan.variant, false)?
+        gpu_operand("conv2d_forward input", x, plan.variant)?
     };
-    let w_op = gpu_operand("conv2d_forward weight", w, plan.variant, false)?;
+    let w_op = gpu_operand("conv2d_forward weight", w, plan.variant)?;
     let out = Tensor::uninit_gpu(ctx, Shape::new(meta.output_dims())?, DType::F32)?;
     ctx.dispatch(
         "conv_forward",

@@ -49,6 +49,17 @@ pub struct GpuCapabilities {
 pub const PARAMS_IMMEDIATE_BYTES: u32 = 128;
 
 impl GpuCapabilities {
+    /// The most loop iterations one invocation may run, all its loops
+    /// together, where the driver cuts them short silently: llvmpipe
+    /// (lavapipe) stops an invocation after 65535 (its loop limiter), with
+    /// wrong results and no error. `None` elsewhere. A kernel whose loops
+    /// grow with the data splits them across dispatches, or refuses the
+    /// shape with [`crate::AetherError::TooLarge`].
+    pub fn loop_iteration_limit(&self) -> Option<u64> {
+        let llvmpipe = |s: &str| s.to_ascii_lowercase().contains("llvmpipe");
+        (llvmpipe(&self.driver) || llvmpipe(&self.adapter_name)).then_some(65535)
+    }
+
     /// The features aether asks the device for: everything useful the adapter has.
     pub(crate) fn wanted_features(
         adapter: &wgpu::Adapter,

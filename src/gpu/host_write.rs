@@ -21,7 +21,8 @@ const JOB_VALUES: usize = 1 << 16;
 const ROUND_BLOCK: usize = 2048;
 
 /// Writes `sources`, one after another, into `dst` as `dtype` (F32 as it is,
-/// F16 rounded to nearest as `half::f16::from_f32` rounds). `dst` holds exactly
+/// F16 rounded to nearest as `half::f16::from_f32` rounds, saturating at
+/// +-65504 with NaN kept, as every f32 -> f16 conversion of aether). `dst` holds exactly
 /// their values.
 ///
 /// # Panics
@@ -87,6 +88,14 @@ fn write_one(mut dst: wgpu::WriteOnly<'_, [u8]>, values: &[f32], dtype: DType) {
     for (i, chunk) in values.chunks(ROUND_BLOCK).enumerate() {
         let rounded = &mut block[..chunk.len()];
         rounded.convert_from_f32_slice(chunk);
+        // Saturate: an overflow (or an infinity) becomes +-65504.
+        for h in rounded.iter_mut().filter(|h| h.is_infinite()) {
+            *h = if h.is_sign_negative() {
+                -f16::MAX
+            } else {
+                f16::MAX
+            };
+        }
         let at = 2 * ROUND_BLOCK * i;
         dst.slice(at..at + 2 * chunk.len())
             .copy_from_slice(bytemuck::cast_slice(rounded));

@@ -293,7 +293,7 @@ impl DiskCache {
     /// Loads the cache file if it is there; an unreadable or corrupt file is
     /// ignored with a warning and replaced on the next save.
     fn open(device: &wgpu::Device, path: PathBuf) -> Self {
-        let data = match std::fs::read(&path) {
+        let data = match crate::io::read_regular(&path, crate::io::MAX_PIPELINE_CACHE_BYTES) {
             Ok(data) => Some(data),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {

@@ -138,7 +138,7 @@ impl Conv2d {
             return Ok(w.kernel.clone());
         }
         if w.kernel_f16.is_none() {
-            w.kernel_f16 = Some(cast_f16(&w.kernel, false)?);
+            w.kernel_f16 = Some(cast_f16(&w.kernel, true)?);
         }
         Ok(w.kernel_f16.clone().expect("set above"))
     }
@@ -247,7 +247,7 @@ impl Layer for Conv2d {
             _ if !f16_kernels_first(x.gpu_context()) => (dy.clone(), x),
             (DType::F32, DType::F32) => conv_backward_cast_fp16(dy, &x)?,
             (DType::F32, _) => (cast_f16(dy, true)?, x),
-            (_, DType::F32) => (dy.clone(), cast_f16(&x, false)?),
+            (_, DType::F32) => (dy.clone(), cast_f16(&x, true)?),
             _ => (dy.clone(), x),
         };
         // Where dinput runs the halo kernel, dweight's reduce also writes the

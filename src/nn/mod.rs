@@ -343,6 +343,15 @@ pub trait Layer: Send {
     /// Called after the optimizer replaced the parameters (refreshes f16 shadows).
     fn params_updated(&mut self) {}
 
+    /// Called after the optimizer's step with its gate
+    /// ([`crate::optim::Adam::gate`]; `None` where it took no step): a layer
+    /// whose lasting state moved in the training forward (BatchNorm's running
+    /// statistics) keeps the move only where the gate is open, so a step
+    /// with a non-finite loss or gradient changes nothing.
+    fn commit_step(&mut self, _gate: Option<&Tensor>) -> Result<()> {
+        Ok(())
+    }
+
     /// Where later backward passes write this layer's parameter gradients, in
     /// the order of [`Layer::trainables`]: on the GPU, the layer's segments of
     /// the optimizer's packed gradient buffer, so the optimizer copies none.

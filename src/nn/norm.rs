@@ -6,7 +6,7 @@ use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::batchnorm::{
     BatchNormStats, NormOutput, RunningStats, backward_into, batch_norm_inference_as,
-    batch_norm_train_running, check_epsilon, check_momentum,
+    batch_norm_train_running, check_epsilon, check_momentum, gated_running_stats,
 };
 use crate::tensor::{DType, Tensor};
 
@@ -34,6 +34,9 @@ pub struct BatchNorm {
     /// Input, batch statistics and, with the fused ReLU, the output it gates by.
     cache: Option<(Tensor, BatchNormStats, Option<Tensor>)>,
     grads: Option<(Tensor, Tensor)>,
+    /// The running statistics the last training forward proposed, kept at
+    /// `commit_step` only where the step was finite.
+    staged: Option<(Tensor, Tensor)>,
     /// Where the backward writes `(dgamma, dbeta)` (see `Layer::set_grad_outputs`).
     grad_outputs: Option<(Tensor, Tensor)>,
 }
@@ -61,6 +64,7 @@ impl BatchNorm {
             input_grad: DType::F32,
             cache: None,
             grads: None,
+            staged: None,
             grad_outputs: None,
         }
     }
@@ -160,8 +164,7 @@ impl Layer for BatchNorm {
         };
         let (y, stats, (mean, var)) =
             batch_norm_train_running(x, &s.gamma, &s.beta, eps, out, running)?;
-        let s = self.state.as_mut().expect("checked above");
-        (s.running_mean, s.running_var) = (mean, var);
+        self.staged = Some((mean, var));
         self.cache = Some((x.clone(), stats, self.relu.then(|| y.clone())));
         Ok(y)
     }
@@ -192,7 +195,20 @@ impl Layer for BatchNorm {
     }
 
     fn end_step(&mut self) {
-        (self.cache, self.grads) = (None, None);
+        (self.cache, self.grads, self.staged) = (None, None, None);
+    }
+
+    fn commit_step(&mut self, gate: Option<&Tensor>) -> Result<()> {
+        let Some(new) = self.staged.take() else {
+            return Ok(());
+        };
+        let s = self.state.as_mut().expect("a training forward ran");
+        let kept = match gate {
+            Some(gate) => gated_running_stats((&s.running_mean, &s.running_var), new, gate)?,
+            None => new,
+        };
+        (s.running_mean, s.running_var) = kept;
+        Ok(())
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {

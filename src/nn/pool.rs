@@ -1,29 +1,21 @@
 //! Pooling layers: max, average, global average and global max.
 
 use super::{Layer, LayerSpec, Mode, cached, hwc};
-use crate::conv::{ConvParams, ConvShapeMeta, Padding};
+use crate::conv::Padding;
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::pool::{
     PoolDropout, PoolParams, avg_pool2d, avg_pool2d_backward, global_avg_pool,
     global_avg_pool_backward, max_pool2d, max_pool2d_backward, max_pool2d_dropout,
-    max_pool2d_dropout_backward, windows_tile,
+    max_pool2d_dropout_backward, pooled_dims, windows_tile,
 };
 use crate::tensor::{DType, Tensor};
 
-/// Per-sample output `[H_out, W_out, C]` of a pooling window, with the conv
-/// geometry's checks (an empty output is an error).
+/// Per-sample output `[H_out, W_out, C]` of a pooling window, with the pooling
+/// kernels' own checks: a geometry that builds (at `finalize` and at load)
+/// is one `predict` runs.
 fn pooled_shape(layer: &'static str, input: &[usize], p: &PoolParams) -> Result<Vec<usize>> {
-    let [h, w, c] = hwc(layer, input)?;
-    let params = ConvParams {
-        c_out: c,
-        filter: p.filter,
-        stride: p.stride,
-        padding: p.padding,
-        dilation: (1, 1),
-    };
-    let meta = ConvShapeMeta::new([1, h, w, c], &params)?;
-    Ok(vec![meta.h_out, meta.w_out, c])
+    Ok(pooled_dims(layer, hwc(layer, input)?, p)?.to_vec())
 }
 
 /// The NHWC input shape a training forward pass recorded (only the shape is

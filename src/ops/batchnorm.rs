@@ -41,6 +41,7 @@ const NORMALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_normali
 const BACKWARD_DX_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl");
 const F16_BITS: &str = include_str!("../../shaders/conv/f16_bits.wgsl");
 const RUNNING_SHADER: &str = include_str!("../../shaders/ops/batchnorm_running.wgsl");
+const GATE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_gate.wgsl");
 
 /// Rows summed into one partial, on both paths. Fixed, so the grouping (and thus
 /// the rounding) never depends on the hardware or the thread count.
@@ -63,7 +64,7 @@ pub struct BatchNormStats {
 /// What the normalize pass writes: the output's dtype, and whether the fused
 /// ReLU runs on it.
 ///
-/// `DType::F16` stores each value rounded as `half::f16::from_f32` (NaN kept),
+/// `DType::F16` stores each value saturated at +-65504 and rounded as `half::f16::from_f32` (NaN kept),
 /// for a consumer that rounds its input to f16 anyway (a conv with f16
 /// kernels): the same values it would have used, in half the bytes, and no
 /// cast of its own. On the GPU it needs a channel count divisible by 4.
@@ -289,6 +290,48 @@ pub fn update_running_stats(
     Ok((new_mean, new_var))
 }
 
+/// The running statistics to keep after a training step that proposed
+/// `(new_mean, new_var)` over `(old_mean, old_var)`: the new ones where the
+/// optimizer's `gate` (see [`crate::optim::Adam::gate`]) is open, else the
+/// old ones, so a step with a non-finite loss or gradient leaves them as they
+/// were. On the GPU one small dispatch decides, with no read-back; it writes
+/// into the new tensors, which the caller no longer shares.
+pub fn gated_running_stats(
+    old: (&Tensor, &Tensor),
+    new: (Tensor, Tensor),
+    gate: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "gated_running_stats";
+    let channels = old.0.numel();
+    require_channel_vectors(OP, channels, &[old.0, old.1, &new.0, &new.1])?;
+    same_device(OP, &[old.0, old.1, &new.0, &new.1, gate])?;
+    if gate.dtype() != DType::U32 || gate.numel() != 1 {
+        return Err(AetherError::InvalidShape {
+            op: OP,
+            shape: gate.dims().to_vec(),
+            reason: "the gate is one U32 value".into(),
+        });
+    }
+    let Device::Gpu(ctx) = gate.device() else {
+        let open = gate.to_vec_u32()?[0] == u32::MAX;
+        return Ok(if open {
+            new
+        } else {
+            (old.0.clone(), old.1.clone())
+        });
+    };
+    let pipeline = pipeline(&ctx, "batchnorm_gate", || GATE_SHADER.into())?;
+    let (grid, row_stride) = flat_grid(channels, CHANNEL_WORKGROUP, max_groups(&ctx));
+    ctx.dispatch(
+        "batchnorm_gate",
+        &pipeline,
+        &[buf(old.0), buf(old.1), buf(gate), buf(&new.0), buf(&new.1)],
+        bytemuck::cast_slice(&[channels as u32, row_stride]),
+        grid,
+    )?;
+    Ok(new)
+}
+
 /// Inference-mode forward with the running statistics:
 /// `y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta`; all four
 /// vectors are `[C]`.
@@ -355,7 +398,7 @@ fn output_cpu(x: &Tensor, y: Vec<f32>, out: NormOutput) -> Result<Tensor> {
     let y = Tensor::from_f32(x.dims().to_vec(), y, &x.device())?;
     let y = if out.relu { relu_op(&y)? } else { y };
     match out.dtype {
-        DType::F16 => cast_f16(&y, false),
+        DType::F16 => cast_f16(&y, true),
         _ => Ok(y),
     }
 }

@@ -299,7 +299,9 @@ fn masked(x: &Tensor, rate: f32, plan: &MaskPlan, output: DType) -> Result<(Tens
         _ if keep_x => x.clone(),
         DType::F16 => Tensor::from_f16(
             dims.clone(),
-            products().map(f16::from_f32).collect(),
+            products()
+                .map(|v| f16::from_f32(crate::conv::clip_f16_range(v)))
+                .collect(),
             &device,
         )?,
         _ => Tensor::from_f32(dims.clone(), products().collect(), &device)?,

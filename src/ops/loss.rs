@@ -395,6 +395,24 @@ fn matrix(op: &'static str, t: &Tensor) -> Result<(usize, usize)> {
         return Err(invalid("expected rank 2 (N, K)".into()));
     };
     super::require_u32_elements(op, t)?;
+    // The kernels scan a row's classes a few times in one invocation (4 at
+    // most, with the reductions): refused where the driver would cut that
+    // short silently (lavapipe, past 65535 loop iterations).
+    if let Some(ctx) = t.device().gpu_context()
+        && let Some(limit) = ctx.caps().loop_iteration_limit()
+        && 4 * classes as u64 >= limit
+    {
+        return Err(AetherError::TooLarge {
+            what: format!(
+                "{op}: {classes} classes, scanned in up to {} loop iterations an invocation on \
+                 {:?}, whose driver stops invocations after {limit}",
+                4 * classes,
+                ctx.caps().adapter_name
+            ),
+            bytes: 4 * classes as u64,
+            limit,
+        });
+    }
     Ok((rows, classes))
 }
 

@@ -229,6 +229,28 @@ impl PoolGeometry {
         self.output_dims().iter().product()
     }
 
+    /// Refuses, where `ctx`'s driver cuts loops short
+    /// ([`crate::gpu::GpuCapabilities::loop_iteration_limit`]), a window whose
+    /// scan (rows, and columns in each row) would pass the limit in one
+    /// invocation; the backward's covering windows are no more.
+    fn check_loops(&self, op: &'static str, ctx: &GpuContext) -> Result<()> {
+        let iterations = (self.filter_h * (self.filter_w + 1)) as u64;
+        match ctx.caps().loop_iteration_limit() {
+            Some(limit) if iterations >= limit => Err(AetherError::TooLarge {
+                what: format!(
+                    "{op}: a {}x{} window scans in {iterations} loop iterations an invocation \
+                     on {:?}, whose driver stops invocations after {limit}",
+                    self.filter_h,
+                    self.filter_w,
+                    ctx.caps().adapter_name
+                ),
+                bytes: iterations,
+                limit,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn input_index(&self, n: usize, r: usize, s: usize, ch: usize) -> usize {
         ((n * self.h + r) * self.w + s) * self.c + ch
     }
@@ -470,6 +492,7 @@ pub fn max_pool2d(x: &Tensor, p: &PoolParams) -> Result<(Tensor, Tensor)> {
         ));
     }
     let ctx = gpu_context(x);
+    g.check_loops(OP, ctx)?;
     let y = Tensor::uninit_gpu(ctx, Shape::new(out_dims.clone())?, DType::F32)?;
     let argmax = Tensor::uninit_gpu(ctx, Shape::new(out_dims)?, DType::U32)?;
     launch_flat(
@@ -522,6 +545,7 @@ pub fn max_pool2d_backward(
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     }
     let ctx = gpu_context(dy);
+    g.check_loops(OP, ctx)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
     // Windows that tile the input: one invocation per window writes all of it
     // (same bits as the gather); else one per input element gathers.
@@ -543,6 +567,15 @@ pub fn max_pool2d_backward(
         |row_stride| g.params(len, row_stride).to_vec(),
     )?;
     Ok(dx)
+}
+
+/// The per-sample output `[H_out, W_out, C]` of pooling a per-sample input
+/// `[H, W, C]` with `p`, with every check the kernels make (a window of
+/// padding only included), so a layer that builds can always run.
+pub fn pooled_dims(op: &'static str, input: [usize; 3], p: &PoolParams) -> Result<[usize; 3]> {
+    let [h, w, c] = input;
+    let g = PoolGeometry::new(op, [1, h, w, c], p)?;
+    Ok([g.h_out, g.w_out, g.c])
 }
 
 /// Whether pooling NHWC `input` with `p` tiles it with windows (stride equal to
@@ -612,6 +645,7 @@ pub fn max_pool2d_dropout(
         return Ok((y, argmax));
     }
     let ctx = gpu_context(x);
+    g.check_loops(OP, ctx)?;
     let y = Tensor::uninit_gpu(ctx, Shape::new(g.output_dims())?, output)?;
     let argmax = Tensor::uninit_gpu(ctx, Shape::new(g.output_dims())?, DType::U32)?;
     // Four channels an invocation where they come in fours (f16 always does).
@@ -658,6 +692,7 @@ pub fn max_pool2d_dropout_backward(
         return max_pool2d_backward(&dropout_backward(dy, &mask)?, argmax, input_dims, p);
     }
     let ctx = gpu_context(dy);
+    g.check_loops(OP, ctx)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
     let (key, per_lane) = if g.c.is_multiple_of(4) {
         (("pool_max_backward_tiled_dropout4", "main_dropout4"), 4)
@@ -711,6 +746,7 @@ pub fn avg_pool2d(x: &Tensor, p: &PoolParams) -> Result<Tensor> {
         return Tensor::from_f32(out_dims, values, &x.device());
     }
     let ctx = gpu_context(x);
+    g.check_loops(OP, ctx)?;
     let y = Tensor::uninit_gpu(ctx, Shape::new(out_dims)?, DType::F32)?;
     launch_flat(
         ctx,
@@ -754,6 +790,7 @@ pub fn avg_pool2d_backward(dy: &Tensor, input_dims: [usize; 4], p: &PoolParams) 
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     }
     let ctx = gpu_context(dy);
+    g.check_loops(OP, ctx)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
     launch_flat(
         ctx,
@@ -788,6 +825,12 @@ fn global_dims(op: &'static str, dims: &[usize]) -> Result<[usize; 4]> {
 /// Lanes that sum one (n, c) plane in the global average pool
 /// (`PLANE_LANES` in pool_global_avg_forward.wgsl).
 const PLANE_LANES: usize = 16;
+/// The most loop iterations one lane of the global average pool runs in one
+/// dispatch. lavapipe (llvmpipe) ends every invocation's loops after 65535
+/// iterations in all (its loop limiter, shared by all loops of a shader) and
+/// silently returned 0.125 for a [1, 1024, 1024, 1] tensor of ones, whose
+/// lanes ran 65536; a longer plane takes several dispatches.
+const LANE_ITERATIONS: usize = 1 << 14;
 /// Planes per workgroup of that kernel (`PLANES_PER_GROUP`).
 const PLANES_PER_GROUP: usize = WORKGROUP as usize / PLANE_LANES;
 
@@ -837,14 +880,36 @@ pub fn global_avg_pool(x: &Tensor) -> Result<Tensor> {
         1,
         ctx.caps().limits.max_compute_workgroups_per_dimension,
     );
-    let params = [hw as u32, c as u32, (n * c) as u32, row_stride];
-    ctx.dispatch(
-        "pool_global_avg_forward",
-        &pipeline,
-        &[gpu_buffer(x), gpu_buffer(&y)],
-        bytemuck::cast_slice(&params),
-        grid,
-    )?;
+    // Each lane's loop in dispatches of at most LANE_ITERATIONS, the lanes'
+    // sums carried between them: the same additions in the same order.
+    let per_dispatch = LANE_ITERATIONS * PLANE_LANES;
+    let dispatches = hw.div_ceil(per_dispatch);
+    let carry_len = if dispatches > 1 {
+        n * c * PLANE_LANES
+    } else {
+        1
+    };
+    let carry = Tensor::uninit_gpu(ctx, Shape::new([carry_len])?, DType::F32)?;
+    for k in 0..dispatches {
+        let (first, end) = (k * per_dispatch, ((k + 1) * per_dispatch).min(hw));
+        let last = u32::from(k + 1 == dispatches);
+        let params = [
+            hw as u32,
+            c as u32,
+            (n * c) as u32,
+            row_stride,
+            first as u32,
+            end as u32,
+            last,
+        ];
+        ctx.dispatch(
+            "pool_global_avg_forward",
+            &pipeline,
+            &[gpu_buffer(x), gpu_buffer(&y), gpu_buffer(&carry)],
+            bytemuck::cast_slice(&params),
+            grid,
+        )?;
+    }
     Ok(y)
 }
 
