@@ -1390,7 +1390,21 @@ impl Model {
             None => None,
         };
         for (i, layer) in self.layers.iter().enumerate() {
-            for (name, t) in layer.state() {
+            let state = layer.state();
+            // A layer of one's own naming two tensors alike would collide in
+            // the file: refused, not written (nor a panic in safetensors).
+            if let Some((name, _)) = state
+                .iter()
+                .enumerate()
+                .find(|(k, (name, _))| state[..*k].iter().any(|(other, _)| other == name))
+                .map(|(_, entry)| entry)
+            {
+                return Err(model_err(format!(
+                    "layer {i} ({}) names two state tensors {name:?}: each needs its own name",
+                    layer.spec().kind()
+                )));
+            }
+            for (name, t) in state {
                 let bytes: Vec<u8> = bytemuck::cast_slice(&t.to_vec_f32()?).to_vec();
                 tensors.push((format!("layers.{i}.{name}"), t.dims().to_vec(), bytes));
             }
@@ -1534,8 +1548,11 @@ impl Model {
         let mut model = Model::new().seed(seed);
         model.device = device.clone();
         model.loss = arch.loss;
-        for spec in &arch.layers {
-            model.layers.push(spec.instantiate());
+        for (i, spec) in arch.layers.iter().enumerate() {
+            let layer = spec
+                .instantiate()
+                .map_err(|e| file_err(path, format!("layer {i}: {e}")))?;
+            model.layers.push(layer);
         }
         model.inputs = match &arch.inputs {
             Some(inputs) if inputs.len() == arch.layers.len() => inputs.clone(),

@@ -3,6 +3,7 @@
 
 mod activation;
 mod conv;
+mod custom;
 mod dropout;
 mod init;
 mod merge;
@@ -12,6 +13,7 @@ mod reshape;
 
 pub use activation::{GELU, Identity, LeakyReLU, ReLU, Scale, SiLU, Softmax};
 pub use conv::{Conv2d, Dense};
+pub use custom::{LayerFactory, register_layer};
 pub use dropout::{Dropout, SpatialDropout};
 pub use merge::{Add, Concat};
 pub use norm::BatchNorm;
@@ -110,6 +112,12 @@ pub enum LayerSpec {
     },
     Add,
     Concat,
+    /// A layer type of the application's own, registered under `name` with
+    /// [`register_layer`]; `config` is whatever it needs to be rebuilt.
+    Custom {
+        name: String,
+        config: serde_json::Value,
+    },
 }
 
 /// A serde default: files written before a layer could leave out its bias
@@ -141,12 +149,18 @@ impl LayerSpec {
             Self::Scale { .. } => "Scale",
             Self::Add => "Add",
             Self::Concat => "Concat",
+            Self::Custom { .. } => "Custom",
         }
     }
 
-    /// A fresh, unbuilt layer with this architecture.
-    pub fn instantiate(&self) -> Box<dyn Layer> {
-        match *self {
+    /// A fresh, unbuilt layer with this architecture; for a
+    /// [`LayerSpec::Custom`] one, made by its registered factory (an error
+    /// where none is registered).
+    pub fn instantiate(&self) -> Result<Box<dyn Layer>> {
+        if let Self::Custom { name, config } = self {
+            return custom::instantiate_custom(name, config);
+        }
+        Ok(match *self {
             Self::Conv2d {
                 filters,
                 kernel,
@@ -204,7 +218,8 @@ impl LayerSpec {
             Self::Scale { factor } => Box::new(Scale::new(factor)),
             Self::Add => Box::new(Add::default()),
             Self::Concat => Box::new(Concat::default()),
-        }
+            Self::Custom { .. } => unreachable!("made by its factory above"),
+        })
     }
 }
 
