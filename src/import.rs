@@ -32,11 +32,14 @@ pub fn load_pytorch_state_dict(
     names: &[(String, String)],
 ) -> Result<()> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| AetherError::Io {
-        action: "read PyTorch weights",
-        path: path.to_owned(),
-        source,
-    })?;
+    let bytes =
+        crate::io::read_regular(path, crate::io::MAX_MODEL_FILE_BYTES).map_err(|source| {
+            AetherError::Io {
+                action: "read PyTorch weights",
+                path: path.to_owned(),
+                source,
+            }
+        })?;
     let file = SafeTensors::deserialize(&bytes)
         .map_err(|e| file_err(path, format!("not a complete safetensors file ({e})")))?;
     let mine = model.tensors()?;

@@ -617,8 +617,19 @@ test_device!(
         ));
         model.save(&path).unwrap();
         let (tensors, _) = file_tensors(&std::fs::read(&path).unwrap());
-        let mut saved: Vec<&str> = tensors.keys().map(String::as_str).collect();
+        // The layers' tensors; the optimizer's moments follow them, one pair
+        // per trainable parameter (three).
+        let mut saved: Vec<&str> = tensors
+            .keys()
+            .map(String::as_str)
+            .filter(|n| n.starts_with("layers."))
+            .collect();
         saved.sort_unstable();
+        let moments = tensors
+            .keys()
+            .filter(|n| n.starts_with("optimizer.m."))
+            .count();
+        assert_eq!(moments, 3);
         assert_eq!(
             saved,
             [

@@ -91,18 +91,27 @@ pub fn load_cifar10(dir: &Path, limit: Option<usize>) -> Result<Cifar10> {
     let class_names = read_class_names(&dir.join(META_FILE))?;
 
     let mut wanted = limit.unwrap_or(usize::MAX);
-    let (mut train_x, mut train_y) = (Vec::new(), Vec::new());
-    for (path, count) in train_paths.iter().zip(counts) {
-        if wanted == 0 {
-            break;
+    let takes: Vec<usize> = counts
+        .iter()
+        .map(|&count| {
+            let take = count.min(wanted);
+            wanted -= take;
+            take
+        })
+        .collect();
+    // Sized once: the images take 4 bytes per pixel byte read, and nothing
+    // else grows with the files (see `read_records`).
+    let train_total: usize = takes.iter().sum();
+    let mut train_x = Vec::with_capacity(train_total * IMAGE_VALUES);
+    let mut train_y = Vec::with_capacity(train_total);
+    for (path, take) in train_paths.iter().zip(takes) {
+        if take > 0 {
+            read_records(path, take, &mut train_x, &mut train_y)?;
         }
-        let take = count.min(wanted);
-        let (x, y) = read_records(path, take)?;
-        train_x.extend_from_slice(&x);
-        train_y.extend_from_slice(&y);
-        wanted -= take;
     }
-    let (test_x, test_y) = read_records(&test_path, test_count)?;
+    let mut test_x = Vec::with_capacity(test_count * IMAGE_VALUES);
+    let mut test_y = Vec::with_capacity(test_count);
+    read_records(&test_path, test_count, &mut test_x, &mut test_y)?;
     Ok(Cifar10 {
         train_x,
         train_y,
@@ -137,6 +146,16 @@ fn record_count(path: &Path) -> Result<usize> {
     if !meta.is_file() {
         return Err(dataset_err(path, None, "not a regular file"));
     }
+    if meta.len() > MAX_DATA_FILE_BYTES {
+        return Err(dataset_err(
+            path,
+            None,
+            format!(
+                "{} bytes, past the limit of {MAX_DATA_FILE_BYTES} bytes for one data file",
+                meta.len()
+            ),
+        ));
+    }
     let bytes = usize::try_from(meta.len())
         .map_err(|_| dataset_err(path, None, "too large for this machine"))?;
     check_length(path, bytes)
@@ -162,25 +181,50 @@ fn check_length(path: &Path, bytes: usize) -> Result<usize> {
     Ok(whole)
 }
 
-/// The first `count` records of `path`, as NHWC images in [0, 1] and labels.
-fn read_records(path: &Path, count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
-    let wanted = count
-        .checked_mul(RECORD_BYTES)
-        .ok_or_else(|| dataset_err(path, None, format!("{count} records overflow usize")))?;
-    let mut bytes = Vec::with_capacity(wanted);
-    std::fs::File::open(path)
-        .and_then(|file| file.take(wanted as u64).read_to_end(&mut bytes))
+/// Records read and decoded at a time: a 3 MB buffer, whatever the file's size.
+const RECORDS_PER_READ: usize = 1024;
+
+/// The most bytes of one data file: 2^32, 1.4 million records, whose images
+/// take 16 GiB as f32.
+const MAX_DATA_FILE_BYTES: u64 = 1 << 32;
+
+/// Appends the first `count` records of `path` to `images` (NHWC, in [0, 1])
+/// and `labels`, reading [`RECORDS_PER_READ`] records at a time: memory grows
+/// by the f32 images alone (4 bytes per pixel byte), never by a copy of the
+/// file.
+fn read_records(
+    path: &Path,
+    count: usize,
+    images: &mut Vec<f32>,
+    labels: &mut Vec<u32>,
+) -> Result<()> {
+    let (mut file, _) = crate::io::open_regular(path, MAX_DATA_FILE_BYTES)
         .map_err(|e| dataset_err(path, None, format!("cannot read ({e})")))?;
-    if bytes.len() != wanted {
-        // The file shrank since its size was checked.
-        check_length(path, bytes.len())?;
-        return Err(dataset_err(
-            path,
-            Some(bytes.len() / RECORD_BYTES),
-            "the file ended early while it was read",
-        ));
+    let mut buffer = vec![0u8; RECORDS_PER_READ * RECORD_BYTES];
+    let mut done = 0;
+    while done < count {
+        let records = (count - done).min(RECORDS_PER_READ);
+        let chunk = &mut buffer[..records * RECORD_BYTES];
+        let mut filled = 0;
+        while filled < chunk.len() {
+            match file.read(&mut chunk[filled..]) {
+                Ok(0) => {
+                    // The file shrank since its size was checked.
+                    return Err(dataset_err(
+                        path,
+                        Some(done + filled / RECORD_BYTES),
+                        "the file ended early while it was read",
+                    ));
+                }
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(dataset_err(path, None, format!("cannot read ({e})"))),
+            }
+        }
+        decode_into(path, chunk, done, images, labels)?;
+        done += records;
     }
-    decode_batch(path, &bytes)
+    Ok(())
 }
 
 /// Every record of one batch file's contents `bytes` (read from `path`, which
@@ -188,21 +232,35 @@ fn read_records(path: &Path, count: usize) -> Result<(Vec<f32>, Vec<u32>)> {
 /// same checks as [`load_cifar10`]: whole records, at least one, labels 0..9.
 pub fn decode_batch(path: &Path, bytes: &[u8]) -> Result<(Vec<f32>, Vec<u32>)> {
     let count = check_length(path, bytes.len())?;
+    let mut images = Vec::with_capacity(count * IMAGE_VALUES);
     let mut labels = Vec::with_capacity(count);
-    for (record, chunk) in bytes.chunks_exact(RECORD_BYTES).enumerate() {
-        let label = chunk[0];
-        if label > 9 {
-            return Err(dataset_err(
-                path,
-                Some(record),
-                format!("label {label} is outside 0..9"),
-            ));
-        }
-        labels.push(u32::from(label));
+    decode_into(path, bytes, 0, &mut images, &mut labels)?;
+    Ok((images, labels))
+}
+
+/// Appends the whole records `bytes`, the first of which is record `first`
+/// of `path` (named in errors), to `images` and `labels`; a bad label is an
+/// error and appends nothing.
+fn decode_into(
+    path: &Path,
+    bytes: &[u8],
+    first: usize,
+    images: &mut Vec<f32>,
+    labels: &mut Vec<u32>,
+) -> Result<()> {
+    let count = bytes.len() / RECORD_BYTES;
+    if let Some(record) = bytes.chunks_exact(RECORD_BYTES).position(|r| r[0] > 9) {
+        return Err(dataset_err(
+            path,
+            Some(first + record),
+            format!("label {} is outside 0..9", bytes[record * RECORD_BYTES]),
+        ));
     }
+    labels.extend(bytes.chunks_exact(RECORD_BYTES).map(|r| u32::from(r[0])));
     let plane = IMAGE_SIDE * IMAGE_SIDE;
-    let mut images = vec![0.0f32; count * IMAGE_VALUES];
-    images
+    let start = images.len();
+    images.resize(start + count * IMAGE_VALUES, 0.0);
+    images[start..]
         .par_chunks_exact_mut(IMAGE_VALUES)
         .zip(bytes.par_chunks_exact(RECORD_BYTES))
         .for_each(|(image, record)| {
@@ -213,13 +271,16 @@ pub fn decode_batch(path: &Path, bytes: &[u8]) -> Result<(Vec<f32>, Vec<u32>)> {
                 }
             }
         });
-    Ok((images, labels))
+    Ok(())
 }
+
+/// The most bytes of `batches.meta.txt`, ten short names.
+const MAX_META_BYTES: u64 = 64 << 10;
 
 /// The ten names of `batches.meta.txt`, or the standard names when the file
 /// is absent.
 fn read_class_names(path: &Path) -> Result<Vec<String>> {
-    match std::fs::read(path) {
+    match crate::io::read_regular(path, MAX_META_BYTES) {
         Ok(bytes) => parse_class_names(path, &bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             Ok(CLASS_NAMES.iter().map(|s| s.to_string()).collect())
