@@ -25,4 +25,4 @@ pub mod zoo;
 pub use device::Device;
 pub use error::{AetherError, Result};
 pub use model::{Checkpoint, History, Loss, Metric, Model, TrainOptions};
-pub use tensor::{DType, Shape, Tensor};
+pub use tensor::{DType, Shape, Tensor, TensorBuffer};

@@ -114,6 +114,16 @@ impl GpuRange {
     }
 }
 
+/// Where a GPU tensor's values lie in its buffer (see [`Tensor::gpu_buffer`]).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorBuffer<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    /// Byte offset of the first element (a multiple of 256).
+    pub offset: u64,
+    /// Bytes of the values: elements x [`DType::size_bytes`].
+    pub bytes: u64,
+}
+
 /// A shaped array of numbers on one device.
 #[derive(Clone)]
 pub struct Tensor {
@@ -429,6 +439,34 @@ impl Tensor {
             Storage::HostF32(_) | Storage::HostF16(_) | Storage::HostU32(_) => Device::Cpu,
             Storage::Gpu(g) => Device::Gpu(Arc::clone(&g.storage.ctx)),
         }
+    }
+
+    /// The GPU buffer holding this tensor, for an app that renders from it or
+    /// runs its own kernels on it; `None` on the CPU path. Work aether has
+    /// recorded is submitted first, so commands the app submits afterwards on
+    /// the same queue see the values.
+    ///
+    /// Layout: the tensor's elements row-major over its dims (NHWC for images,
+    /// `[n, classes]` for a model's outputs), packed with no padding, from
+    /// [`TensorBuffer::offset`] for [`TensorBuffer::bytes`] bytes; each element
+    /// little-endian [`DType::F32`] (`f32` in WGSL), [`DType::F16`] (`f16`,
+    /// two a word) or [`DType::U32`]. The buffer has `STORAGE | COPY_SRC |
+    /// COPY_DST` usage and may be larger than the tensor.
+    ///
+    /// Tensors are immutable: the app reads the buffer, never writes it. It
+    /// must keep the tensor (or a clone) alive until its commands reading the
+    /// buffer are done, since a dropped tensor's buffer goes back to aether's
+    /// pool and is reused for the next tensor.
+    pub fn gpu_buffer(&self) -> Option<TensorBuffer<'_>> {
+        let Storage::Gpu(range) = &self.storage else {
+            return None;
+        };
+        range.storage.ctx.flush();
+        Some(TensorBuffer {
+            buffer: range.storage.buffer.buffer(),
+            offset: range.offset,
+            bytes: self.byte_len(),
+        })
     }
 
     /// The values as f32 on the host (f16 storage is widened exactly); an error

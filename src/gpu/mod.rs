@@ -14,11 +14,14 @@ mod pool;
 mod slice;
 
 pub use batch::KernelTime;
-pub use caps::{CoopMatrixConfig, GpuCapabilities};
+pub use caps::{
+    CoopMatrixConfig, GpuCapabilities, REQUIRED_LIMITS, RequiredLimit, coop_translates_to,
+    with_required_limits,
+};
 pub use context::GpuContext;
 pub use grid::flat_grid;
 pub(crate) use host_write::{in_jobs, write_f32s};
 pub use options::{DevicePreference, GpuOptions, device_preference_from_env};
-pub use pipelines::{PipelineCache, PipelineKey};
+pub use pipelines::{BuiltShader, PipelineCache, PipelineKey};
 pub use pool::{BufferPool, PoolStats, PooledBuffer};
 pub use slice::GpuSlice;

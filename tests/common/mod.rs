@@ -6,6 +6,7 @@
 //! and with `AETHER_REQUIRE_COOP=1` so does an adapter without cooperative matrices.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod conv_cases;
 pub mod conv_reference;
 
 use std::io::Write;
