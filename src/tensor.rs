@@ -490,6 +490,41 @@ impl Tensor {
         }
     }
 
+    /// Appends the values as f32 to `out` (f16 widened exactly), reusing its
+    /// memory: with enough capacity, reading back allocates nothing on the
+    /// host. An error for u32 tensors.
+    pub fn read_f32_into(&self, out: &mut Vec<f32>) -> Result<()> {
+        match (&self.storage, self.dtype) {
+            (Storage::HostU32(_), _) | (_, DType::U32) => {
+                Err(self.wrong_dtype("Tensor::read_f32_into"))
+            }
+            (Storage::HostF32(v), _) => {
+                out.extend_from_slice(v);
+                Ok(())
+            }
+            (Storage::HostF16(v), _) => {
+                out.extend(v.iter().map(|x| x.to_f32()));
+                Ok(())
+            }
+            (Storage::Gpu(g), dtype) => {
+                g.storage
+                    .ctx
+                    .read_bytes_with(g.slice(), self.byte_len(), |bytes| match dtype {
+                        DType::F16 => out.extend(
+                            bytes
+                                .chunks_exact(2)
+                                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()),
+                        ),
+                        _ => out.extend(
+                            bytes
+                                .chunks_exact(4)
+                                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                        ),
+                    })
+            }
+        }
+    }
+
     /// The raw f16 values of an f16 tensor; an error for other dtypes.
     pub fn to_vec_f16(&self) -> Result<Vec<f16>> {
         match (&self.storage, self.dtype) {
