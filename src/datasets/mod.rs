@@ -3,4 +3,5 @@
 //! training plots.
 
 pub mod cifar10;
+pub mod image_folder;
 pub mod plot;
