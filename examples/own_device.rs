@@ -88,10 +88,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let image = &x[..SIDE * SIDE * 3];
     let mut probabilities = Vec::new();
     model.predict_into(image, 1, false, &mut probabilities)?;
-    let (class, p) = probabilities
-        .iter()
-        .enumerate()
-        .fold((0, 0.0f32), |best, (i, &p)| if p > best.1 { (i, p) } else { best });
+    let (class, p) =
+        probabilities.iter().enumerate().fold(
+            (0, 0.0f32),
+            |best, (i, &p)| if p > best.1 { (i, p) } else { best },
+        );
     println!(
         "image 0 (label {}): class {class} with probability {p:.3}",
         y[0]
@@ -114,7 +115,8 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         .slice(..)
         .map_async(wgpu::MapMode::Read, |r| r.expect("map"));
     device.poll(wgpu::PollType::wait_indefinitely())?;
-    let first: Vec<f32> = bytemuck::pod_collect_to_vec(&staging.slice(..).get_mapped_range()?[..12]);
+    let first: Vec<f32> =
+        bytemuck::pod_collect_to_vec(&staging.slice(..).get_mapped_range()?[..12]);
     println!(
         "the app read the image's first pixels from aether's buffer: {first:?} (host: {:?})",
         &image[..3]

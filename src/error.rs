@@ -33,7 +33,9 @@ pub enum AetherError {
     },
     /// A device cannot run aether's kernels: it lacks a capability or was
     /// requested with a limit below [`REQUIRED_LIMITS`](crate::gpu::REQUIRED_LIMITS).
-    #[error("the device on adapter {adapter:?} cannot run aether: {requirement} is {actual}, aether needs {needed}")]
+    #[error(
+        "the device on adapter {adapter:?} cannot run aether: {requirement} is {actual}, aether needs {needed}"
+    )]
     DeviceRequirement {
         adapter: String,
         requirement: &'static str,

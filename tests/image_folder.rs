@@ -16,7 +16,8 @@ use image::{GrayImage, Rgb, RgbImage, Rgba, RgbaImage};
 
 /// A fresh, empty directory for one test.
 fn temp_root(test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("aether-image-folder-{}-{test}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("aether-image-folder-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -35,7 +36,11 @@ fn asymmetric(height: u32, width: u32, rng: &mut Rng) -> RgbImage {
 /// A smooth image (JPEG keeps it close).
 fn smooth(height: u32, width: u32) -> RgbImage {
     RgbImage::from_fn(width, height, |x, y| {
-        Rgb([(40 + 8 * x) as u8, (200 - 6 * y) as u8, (90 + 2 * x + 3 * y) as u8])
+        Rgb([
+            (40 + 8 * x) as u8,
+            (200 - 6 * y) as u8,
+            (90 + 2 * x + 3 * y) as u8,
+        ])
     })
 }
 
@@ -45,7 +50,11 @@ fn save(image: &RgbImage, path: &Path) {
 }
 
 fn values(image: &RgbImage) -> Vec<f32> {
-    image.as_raw().iter().map(|&b| f32::from(b) / 255.0).collect()
+    image
+        .as_raw()
+        .iter()
+        .map(|&b| f32::from(b) / 255.0)
+        .collect()
 }
 
 fn exact(height: usize, width: usize) -> Sizing {
@@ -76,7 +85,10 @@ fn classes_are_sorted_labels_are_their_indices_and_pixels_come_out_nhwc() {
         .iter()
         .map(|f| f.strip_prefix(&root).unwrap().display().to_string())
         .collect();
-    assert_eq!(names, ["ant/b.PNG", "ant/c.jpg", "mole/d.jpeg", "zebra/a.png"]);
+    assert_eq!(
+        names,
+        ["ant/b.PNG", "ant/c.jpg", "mole/d.jpeg", "zebra/a.png"]
+    );
     assert_eq!((folder.height, folder.width), (3, 5));
     let images = per_image(&folder);
     assert_eq!(images.len(), 4);
@@ -104,8 +116,18 @@ fn a_wrong_size_is_an_error_naming_the_file_or_resized_when_asked() {
         matches!(&err, AetherError::Dataset { path, .. } if path.ends_with("b/wide.png")),
         "{err}"
     );
-    assert!(err.to_string().contains("6x2") && err.to_string().contains("4x4"), "{err}");
-    let resized = load_image_folder(&root, Sizing::Resize { height: 4, width: 4 }).unwrap();
+    assert!(
+        err.to_string().contains("6x2") && err.to_string().contains("4x4"),
+        "{err}"
+    );
+    let resized = load_image_folder(
+        &root,
+        Sizing::Resize {
+            height: 4,
+            width: 4,
+        },
+    )
+    .unwrap();
     assert_eq!(resized.images.len(), 2 * 4 * 4 * 3);
     assert_eq!((resized.height, resized.width), (4, 4));
     assert!(resized.images.iter().all(|v| (0.0..=1.0).contains(v)));
@@ -129,7 +151,10 @@ fn a_file_that_is_no_image_is_an_error_naming_it() {
     std::fs::remove_file(root.join("cat/broken.png")).unwrap();
     let mut jpeg = Vec::new();
     smooth(8, 8)
-        .write_to(&mut std::io::Cursor::new(&mut jpeg), image::ImageFormat::Jpeg)
+        .write_to(
+            &mut std::io::Cursor::new(&mut jpeg),
+            image::ImageFormat::Jpeg,
+        )
         .unwrap();
     std::fs::write(root.join("cat/cut.jpg"), &jpeg[..jpeg.len() / 3]).unwrap();
     let err = load_image_folder(&root, exact(2, 2)).unwrap_err();
@@ -168,7 +193,10 @@ fn non_image_entries_are_skipped_and_announced_hidden_ones_silently() {
         .into_iter()
         .find(|w| w.contains(&root.display().to_string()) && w.contains("skipped"))
         .expect("the skipped entries are announced");
-    assert!(line.contains("2 entries") && !line.contains(".hidden"), "{line}");
+    assert!(
+        line.contains("2 entries") && !line.contains(".hidden"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -198,13 +226,19 @@ fn grey_and_rgba_images_become_rgb() {
 fn a_root_without_classes_or_images_is_an_error_naming_it() {
     let root = temp_root("nothing");
     let err = load_image_folder(&root, exact(2, 2)).unwrap_err();
-    assert!(matches!(&err, AetherError::Dataset { path, .. } if path == &root), "{err}");
+    assert!(
+        matches!(&err, AetherError::Dataset { path, .. } if path == &root),
+        "{err}"
+    );
     std::fs::create_dir_all(root.join("a")).unwrap();
     let err = load_image_folder(&root, exact(2, 2)).unwrap_err();
     assert!(err.to_string().contains("no images"), "{err}");
     let missing = root.join("absent");
     let err = load_image_folder(&missing, exact(2, 2)).unwrap_err();
-    assert!(matches!(&err, AetherError::Dataset { path, .. } if path == &missing), "{err}");
+    assert!(
+        matches!(&err, AetherError::Dataset { path, .. } if path == &missing),
+        "{err}"
+    );
     let err = load_image_folder(&root, exact(0, 2)).unwrap_err();
     assert!(err.to_string().contains("0x2"), "{err}");
 }

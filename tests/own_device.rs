@@ -77,7 +77,10 @@ fn a_device_requested_below_a_required_limit_is_refused_naming_it() {
             "{limit}: {err}"
         );
         let text = err.to_string();
-        assert!(text.contains(limit) && text.contains(&adapter.get_info().name), "{text}");
+        assert!(
+            text.contains(limit) && text.contains(&adapter.get_info().name),
+            "{text}"
+        );
     }
 }
 
@@ -123,7 +126,10 @@ fn an_app_device_without_optional_features_trains_and_predicts_like_the_cpu() {
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
     assert!(worst < 1e-4, "GPU and CPU predictions differ by {worst}");
-    assert!(cpu.iter().any(|&p| (p - 1.0 / 3.0).abs() > 1e-3), "untrained: {cpu:?}");
+    assert!(
+        cpu.iter().any(|&p| (p - 1.0 / 3.0).abs() > 1e-3),
+        "untrained: {cpu:?}"
+    );
 }
 
 /// Copies `bytes` of `buffer` from `offset` with the app's own encoder and
@@ -145,7 +151,9 @@ fn read_with_app_commands(
     let mut encoder = device.create_command_encoder(&Default::default());
     encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, padded);
     queue.submit([encoder.finish()]);
-    staging.slice(..).map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    staging
+        .slice(..)
+        .map_async(wgpu::MapMode::Read, |r| r.unwrap());
     device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
     let data = staging.slice(..).get_mapped_range().unwrap()[..bytes as usize].to_vec();
     staging.unmap();
@@ -156,9 +164,18 @@ fn read_with_app_commands(
 fn a_tensors_buffer_holds_its_values_in_the_documented_layout() {
     let Some(adapter) = app_adapter() else { return };
     let limits = with_required_limits(adapter.limits());
-    let (device, queue) = app_device(&adapter, adapter.features() & wgpu::Features::SHADER_F16, limits);
+    let (device, queue) = app_device(
+        &adapter,
+        adapter.features() & wgpu::Features::SHADER_F16,
+        limits,
+    );
     let gpu = Device::from_wgpu(&adapter, &device, &queue).unwrap();
-    assert!(Tensor::from_f32(vec![2], vec![1.0, 2.0], &Device::Cpu).unwrap().gpu_buffer().is_none());
+    assert!(
+        Tensor::from_f32(vec![2], vec![1.0, 2.0], &Device::Cpu)
+            .unwrap()
+            .gpu_buffer()
+            .is_none()
+    );
     let mut rng = Rng::fresh();
     let values = rng.vec(2 * 3 * 5 * 7);
     let dims = vec![2, 3, 5, 7];
@@ -209,7 +226,11 @@ test_device!(
             model.predict_into(image, 1, false, &mut out).unwrap();
             assert_eq!(out.as_ptr(), memory, "the output's memory was not reused");
         }
-        assert_eq!(counts(), first, "(buffers, bind groups, pipelines) made after the first call");
+        assert_eq!(
+            counts(),
+            first,
+            "(buffers, bind groups, pipelines) made after the first call"
+        );
         assert_ne!(images[0], images[1]);
         let sums: Vec<f32> = out.chunks(3).map(|p| p.iter().sum()).collect();
         assert!(sums.iter().all(|s| (s - 1.0).abs() < 1e-5), "{sums:?}");

@@ -398,7 +398,10 @@ fn over_required(shaders: &[BuiltShader]) -> (Vec<String>, BTreeMap<&'static str
                 continue;
             }
             if need > least {
-                failures.push(format!("{}: {limit} needs {need}, least is {least}", name(shader)));
+                failures.push(format!(
+                    "{}: {limit} needs {need}, least is {least}",
+                    name(shader)
+                ));
             }
             let top = most.entry(limit).or_insert((0, least));
             top.0 = top.0.max(need);
@@ -468,7 +471,10 @@ fn every_kernel_translates_for_vulkan_metal_and_dx12() {
         run_models(&device, on, &mut rng);
     }
     let shaders = unique(&full);
-    let coop = shaders.iter().filter(|s| s.source.contains("coop_mat")).count();
+    let coop = shaders
+        .iter()
+        .filter(|s| s.source.contains("coop_mat"))
+        .count();
     common::report(&format!(
         "[aether-test] {} modules built on the full device ({coop} with cooperative matrices)",
         shaders.len()
@@ -565,5 +571,8 @@ fn the_required_limits_are_webgpus_defaults_but_one_storage_buffer() {
     let raised = with_required_limits(default.clone());
     assert!(REQUIRED_LIMITS.iter().all(|r| r.of(&raised) >= r.least));
     assert_eq!(raised.max_storage_buffers_per_shader_stage, 9);
-    assert_eq!(raised.max_compute_workgroup_storage_size, default.max_compute_workgroup_storage_size);
+    assert_eq!(
+        raised.max_compute_workgroup_storage_size,
+        default.max_compute_workgroup_storage_size
+    );
 }

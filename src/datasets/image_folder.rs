@@ -79,7 +79,10 @@ fn dataset_err(path: &Path, reason: impl Into<String>) -> AetherError {
 pub fn load_image_folder(root: &Path, sizing: Sizing) -> Result<ImageFolder> {
     let (height, width) = sizing.dims();
     if height == 0 || width == 0 {
-        return Err(dataset_err(root, format!("{height}x{width} images hold nothing")));
+        return Err(dataset_err(
+            root,
+            format!("{height}x{width} images hold nothing"),
+        ));
     }
     let mut skipped = Vec::new();
     let mut classes = Vec::new();
@@ -91,7 +94,10 @@ pub fn load_image_folder(root: &Path, sizing: Sizing) -> Result<ImageFolder> {
         }
     }
     if classes.is_empty() {
-        return Err(dataset_err(root, "no class folders (expected root/<class>/*.png|jpg)"));
+        return Err(dataset_err(
+            root,
+            "no class folders (expected root/<class>/*.png|jpg)",
+        ));
     }
     let mut class_names = Vec::with_capacity(classes.len());
     let mut files = Vec::new();
@@ -137,12 +143,16 @@ pub fn load_image_folder(root: &Path, sizing: Sizing) -> Result<ImageFolder> {
         .try_fold(1usize, usize::checked_mul)
         .filter(|_| u32::try_from(height.max(width)).is_ok())
         .ok_or_else(|| {
-            dataset_err(root, format!("{} images of {height}x{width} are too many values", files.len()))
+            dataset_err(
+                root,
+                format!(
+                    "{} images of {height}x{width} are too many values",
+                    files.len()
+                ),
+            )
         })?;
-    let decoded: Vec<Result<Vec<f32>>> = files
-        .par_iter()
-        .map(|path| decode(path, sizing))
-        .collect();
+    let decoded: Vec<Result<Vec<f32>>> =
+        files.par_iter().map(|path| decode(path, sizing)).collect();
     let mut images = Vec::with_capacity(values);
     for image in decoded {
         images.extend(image?);
@@ -159,7 +169,8 @@ pub fn load_image_folder(root: &Path, sizing: Sizing) -> Result<ImageFolder> {
 
 /// The visible entries of `dir` as (UTF-8 name, path), sorted by name.
 fn entries(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let read = std::fs::read_dir(dir).map_err(|e| dataset_err(dir, format!("cannot read ({e})")))?;
+    let read =
+        std::fs::read_dir(dir).map_err(|e| dataset_err(dir, format!("cannot read ({e})")))?;
     let mut out = Vec::new();
     for entry in read {
         let path = entry
