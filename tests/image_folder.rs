@@ -14,13 +14,28 @@ use aether::diagnostics;
 use common::Rng;
 use image::{GrayImage, Rgb, RgbImage, Rgba, RgbaImage};
 
-/// A fresh, empty directory for one test.
-fn temp_root(test: &str) -> PathBuf {
+/// A fresh, empty directory for one test, removed when dropped.
+struct TempRoot(PathBuf);
+
+impl std::ops::Deref for TempRoot {
+    type Target = PathBuf;
+    fn deref(&self) -> &PathBuf {
+        &self.0
+    }
+}
+
+impl Drop for TempRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_root(test: &str) -> TempRoot {
     let dir =
         std::env::temp_dir().join(format!("aether-image-folder-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempRoot(dir)
 }
 
 /// An image whose every value differs with row, column and channel (and
@@ -83,7 +98,7 @@ fn classes_are_sorted_labels_are_their_indices_and_pixels_come_out_nhwc() {
     let names: Vec<String> = folder
         .files
         .iter()
-        .map(|f| f.strip_prefix(&root).unwrap().display().to_string())
+        .map(|f| f.strip_prefix(&*root).unwrap().display().to_string())
         .collect();
     assert_eq!(
         names,
@@ -227,7 +242,7 @@ fn a_root_without_classes_or_images_is_an_error_naming_it() {
     let root = temp_root("nothing");
     let err = load_image_folder(&root, exact(2, 2)).unwrap_err();
     assert!(
-        matches!(&err, AetherError::Dataset { path, .. } if path == &root),
+        matches!(&err, AetherError::Dataset { path, .. } if path == &*root),
         "{err}"
     );
     std::fs::create_dir_all(root.join("a")).unwrap();

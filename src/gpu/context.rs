@@ -12,6 +12,7 @@ use super::faults::Faults;
 use super::options::GpuOptions;
 use super::pipelines::PipelineCache;
 use super::pool::BufferPool;
+use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
 
 /// The next [`GpuContext::id`].
@@ -66,6 +67,17 @@ impl GpuContext {
             let filter = filter.to_lowercase();
             adapters.retain(|a| a.get_info().name.to_lowercase().contains(&filter));
         }
+        // An adapter that cannot run the kernels is passed over, announced.
+        adapters.retain(|a| match check_requirements(a, &a.limits()) {
+            Ok(()) => true,
+            Err(e) => {
+                warn_once(
+                    &format!("unsuitable:{}", a.get_info().name),
+                    &format!("passing over an adapter: {e}"),
+                );
+                false
+            }
+        });
         adapters.sort_by_key(|a| device_type_rank(a.get_info().device_type));
         let Some(adapter) = adapters.into_iter().next() else {
             return Ok(None);
