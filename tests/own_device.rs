@@ -1,6 +1,6 @@
 //! aether on a wgpu device the app created ([`Device::from_wgpu`]): refused
 //! with a typed error naming the limit when the device was requested below
-//! [`REQUIRED_LIMITS`], trains and predicts like the CPU path when it has no
+//! [`REQUIRED_LIMITS`] (each one, on wgpu's noop backend, and on the GPU), trains and predicts like the CPU path when it has no
 //! optional feature at all, and hands a tensor's buffer to the app's own
 //! commands in the documented layout. And [`Model::predict_into`], the app's
 //! per-frame inference: no GPU buffer, pipeline or bind group made after the
@@ -9,7 +9,7 @@
 mod common;
 
 use aether::conv::Padding;
-use aether::gpu::{REQUIRED_LIMITS, with_required_limits};
+use aether::gpu::{GpuContext, GpuOptions, REQUIRED_LIMITS, RequiredLimit, with_required_limits};
 use aether::nn::{BatchNorm, Conv2d, Dense, GlobalAvgPool, MaxPool2d, ReLU};
 use aether::{AetherError, Device, Model, Tensor};
 use common::{Rng, report};
@@ -80,6 +80,33 @@ fn a_device_requested_below_a_required_limit_is_refused_naming_it() {
         assert!(
             text.contains(limit) && text.contains(&adapter.get_info().name),
             "{text}"
+        );
+    }
+}
+
+#[test]
+fn each_required_limit_one_below_is_refused_naming_it_without_a_gpu() {
+    let least = |r: &RequiredLimit| {
+        let mut limits = with_required_limits(wgpu::Limits::default());
+        *r.field_mut(&mut limits) = r.least;
+        limits
+    };
+    for required in REQUIRED_LIMITS {
+        let (adapter, device, queue) =
+            common::noop_device(wgpu::Features::empty(), least(&required));
+        let options = GpuOptions::default();
+        GpuContext::from_wgpu(&adapter, &device, &queue, &options)
+            .unwrap_or_else(|e| panic!("{} at its least: {e}", required.name));
+        let mut below = least(&required);
+        *required.field_mut(&mut below) -= 1;
+        let (adapter, device, queue) = common::noop_device(wgpu::Features::empty(), below);
+        let err = GpuContext::from_wgpu(&adapter, &device, &queue, &options).unwrap_err();
+        let want = (required.least - 1).to_string();
+        assert!(
+            matches!(&err, AetherError::DeviceRequirement { requirement, actual, .. }
+                if *requirement == required.name && *actual == want),
+            "{}: {err}",
+            required.name
         );
     }
 }

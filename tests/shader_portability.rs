@@ -81,28 +81,7 @@ fn least_limits() -> wgpu::Limits {
 /// A context on wgpu's noop backend with `features` and `limits`, keeping
 /// every module it builds.
 fn noop_context(features: wgpu::Features, limits: wgpu::Limits) -> Arc<GpuContext> {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::NOOP;
-    desc.backend_options.noop = wgpu::NoopBackendOptions {
-        enable: true,
-        limits: Some(limits.clone()),
-        features: Some(features),
-        device_type: Some(wgpu::DeviceType::Other),
-        subgroup_min_size: Some(32),
-        subgroup_max_size: Some(32),
-    };
-    let instance = wgpu::Instance::new(desc);
-    let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
-        .expect("the noop adapter");
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: Some("noop"),
-        required_features: features,
-        required_limits: limits,
-        // SAFETY: nothing executes on the noop backend.
-        experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
-        ..Default::default()
-    }))
-    .expect("a noop device");
+    let (adapter, device, queue) = common::noop_device(features, limits);
     let options = GpuOptions {
         record_shaders: true,
         ..GpuOptions::default()
