@@ -39,6 +39,7 @@ use aether::nn::{
     ReLU, Softmax, SpatialDropout,
 };
 use aether::ops::augment::random_crop_flip;
+use aether::ops::batchnorm::{batch_norm_train, update_running_stats};
 use aether::optim::Adam;
 use aether::{Device, Model, Tensor};
 use common::Rng;
@@ -153,8 +154,13 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
         model.predict(&x, batch, false).unwrap();
         model.evaluate(&x, &y, batch).unwrap();
     }
+    // What `Model::train` adds at an epoch's end, and the ops tests call alone.
+    other.regularization_loss().unwrap();
     let images = Tensor::from_f32(vec![batch, 8, 8, 3], x, device).unwrap();
     random_crop_flip(&images, 2, 3, 1).unwrap();
+    let channel = |v: f32| Tensor::from_f32(vec![3], vec![v; 3], device).unwrap();
+    let (_, stats) = batch_norm_train(&images, &channel(1.0), &channel(0.0), 1e-5).unwrap();
+    update_running_stats(&channel(0.0), &channel(1.0), &stats, batch * 64, 0.9, 1e-5).unwrap();
     // BatchNorm and GlobalAvgPool alone, where no conv precedes them.
     let mut plain = Model::new().seed(3).f16_activations(on);
     plain
@@ -450,6 +456,14 @@ fn every_kernel_translates_for_vulkan_metal_and_dx12() {
         run_models(&device, on, &mut rng);
     }
     let shaders = unique(&full);
+    let kernels: std::collections::BTreeSet<String> = shaders
+        .iter()
+        .map(|s| format!("{}:{}", s.key.kernel, s.key.variant))
+        .collect();
+    common::report(&format!(
+        "[aether-test] kernel variants built: {}",
+        kernels.into_iter().collect::<Vec<_>>().join(" ")
+    ));
     let coop = shaders
         .iter()
         .filter(|s| s.source.contains("coop_mat"))
