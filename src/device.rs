@@ -113,6 +113,21 @@ impl Device {
         }
     }
 
+    /// aether on a wgpu device the application already has (to render with
+    /// it, or to share it with other GPU work), with the environment's
+    /// [`GpuOptions::from_env`] (its `AETHER_ADAPTER` does not apply). See
+    /// [`GpuContext::from_wgpu`] for what is checked and what aether installs
+    /// on the device; a device that cannot run aether's kernels is an
+    /// [`AetherError::DeviceRequirement`] naming the missing limit.
+    pub fn from_wgpu(
+        adapter: &wgpu::Adapter,
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+    ) -> Result<Self> {
+        let options = GpuOptions::from_env()?;
+        GpuContext::from_wgpu(adapter, device, queue, &options).map(Self::Gpu)
+    }
+
     /// The GPU context, if this is a GPU device.
     pub fn gpu_context(&self) -> Option<&Arc<GpuContext>> {
         match self {

@@ -31,6 +31,17 @@ pub enum AetherError {
         #[source]
         source: wgpu::RequestDeviceError,
     },
+    /// A device cannot run aether's kernels: it lacks a capability or was
+    /// requested with a limit below [`REQUIRED_LIMITS`](crate::gpu::REQUIRED_LIMITS).
+    #[error(
+        "the device on adapter {adapter:?} cannot run aether: {requirement} is {actual}, aether needs {needed}"
+    )]
+    DeviceRequirement {
+        adapter: String,
+        requirement: &'static str,
+        needed: String,
+        actual: String,
+    },
     /// A tensor's data length does not match its shape.
     #[error("tensor of shape {shape:?} needs {expected} elements, got {actual}")]
     DataLength {

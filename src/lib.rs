@@ -53,7 +53,7 @@ pub use error::{AetherError, Result};
 pub use graph::{Graph, NodeId};
 pub use model::{Checkpoint, Gradients, History, Loss, Metric, Model, TrainOptions};
 pub use serde_json;
-pub use tensor::{DType, Shape, Tensor};
+pub use tensor::{DType, Shape, Tensor, TensorBuffer};
 pub use tta::Tta;
 pub use wgpu;
 

@@ -1254,6 +1254,23 @@ impl Model {
     /// Class probabilities (`[n, classes]` flattened) or, with `logits`, the raw
     /// outputs of the last layer.
     pub fn predict(&mut self, x: &[f32], batch_size: usize, logits: bool) -> Result<Vec<f32>> {
+        let mut values = Vec::new();
+        self.predict_into(x, batch_size, logits, &mut values)?;
+        Ok(values)
+    }
+
+    /// [`Model::predict`] into `out`, which is cleared and whose memory is
+    /// reused: for an app that predicts again and again (one image a frame).
+    /// After the first call on a shape, no GPU buffer, pipeline or bind group
+    /// is created (aether's pool and caches serve them); see docs/inference.md.
+    pub fn predict_into(
+        &mut self,
+        x: &[f32],
+        batch_size: usize,
+        logits: bool,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        out.clear();
         let n = self.sample_count(x, None)?;
         let indices: Vec<usize> = (0..n).collect();
         let apply_softmax = !logits
@@ -1268,11 +1285,10 @@ impl Model {
             let out = self.forward(&xb, Mode::Infer)?;
             outputs.push(if apply_softmax { softmax(&out)? } else { out });
         }
-        let mut values = Vec::new();
-        for out in outputs {
-            values.extend(out.to_vec_f32()?);
+        for output in outputs {
+            output.read_f32_into(out)?;
         }
-        Ok(values)
+        Ok(())
     }
 
     /// The largest per-sample tensor the model makes (its input or a layer's

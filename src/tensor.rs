@@ -114,6 +114,16 @@ impl GpuRange {
     }
 }
 
+/// Where a GPU tensor's values lie in its buffer (see [`Tensor::gpu_buffer`]).
+#[derive(Clone, Copy, Debug)]
+pub struct TensorBuffer<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    /// Byte offset of the first element (a multiple of 256).
+    pub offset: u64,
+    /// Bytes of the values: elements x [`DType::size_bytes`].
+    pub bytes: u64,
+}
+
 /// A shaped array of numbers on one device.
 #[derive(Clone)]
 pub struct Tensor {
@@ -437,6 +447,34 @@ impl Tensor {
         }
     }
 
+    /// The GPU buffer holding this tensor, for an app that renders from it or
+    /// runs its own kernels on it; `None` on the CPU path. Work aether has
+    /// recorded is submitted first, so commands the app submits afterwards on
+    /// the same queue see the values.
+    ///
+    /// Layout: the tensor's elements row-major over its dims (NHWC for images,
+    /// `[n, classes]` for a model's outputs), packed with no padding, from
+    /// [`TensorBuffer::offset`] for [`TensorBuffer::bytes`] bytes; each element
+    /// little-endian [`DType::F32`] (`f32` in WGSL), [`DType::F16`] (`f16`,
+    /// two a word) or [`DType::U32`]. The buffer has `STORAGE | COPY_SRC |
+    /// COPY_DST` usage and may be larger than the tensor.
+    ///
+    /// Tensors are immutable: the app reads the buffer, never writes it. It
+    /// must keep the tensor (or a clone) alive until its commands reading the
+    /// buffer are done, since a dropped tensor's buffer goes back to aether's
+    /// pool and is reused for the next tensor.
+    pub fn gpu_buffer(&self) -> Option<TensorBuffer<'_>> {
+        let Storage::Gpu(range) = &self.storage else {
+            return None;
+        };
+        range.storage.ctx.flush();
+        Some(TensorBuffer {
+            buffer: range.storage.buffer.buffer(),
+            offset: range.offset,
+            bytes: self.byte_len(),
+        })
+    }
+
     /// The values as f32 on the host (f16 storage is widened exactly); an error
     /// for u32 tensors.
     pub fn to_vec_f32(&self) -> Result<Vec<f32>> {
@@ -454,6 +492,41 @@ impl Tensor {
                         .collect()),
                     DType::U32 => Err(self.wrong_dtype("Tensor::to_vec_f32")),
                 }
+            }
+        }
+    }
+
+    /// Appends the values as f32 to `out` (f16 widened exactly), reusing its
+    /// memory: with enough capacity, reading back allocates nothing on the
+    /// host. An error for u32 tensors.
+    pub fn read_f32_into(&self, out: &mut Vec<f32>) -> Result<()> {
+        match (&self.storage, self.dtype) {
+            (Storage::HostU32(_), _) | (_, DType::U32) => {
+                Err(self.wrong_dtype("Tensor::read_f32_into"))
+            }
+            (Storage::HostF32(v), _) => {
+                out.extend_from_slice(v);
+                Ok(())
+            }
+            (Storage::HostF16(v), _) => {
+                out.extend(v.iter().map(|x| x.to_f32()));
+                Ok(())
+            }
+            (Storage::Gpu(g), dtype) => {
+                g.storage
+                    .ctx
+                    .read_bytes_with(g.slice(), self.byte_len(), |bytes| match dtype {
+                        DType::F16 => out.extend(
+                            bytes
+                                .chunks_exact(2)
+                                .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32()),
+                        ),
+                        _ => out.extend(
+                            bytes
+                                .chunks_exact(4)
+                                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                        ),
+                    })
             }
         }
     }

@@ -12,7 +12,7 @@ use super::coop::CoopBlock;
 use super::dweight_halo::{self, DWeightHalo};
 use super::halo::{HaloBlock, Narrow, forward_pin, warn_pin_declined};
 use crate::diagnostics::warn_once;
-use crate::gpu::{GpuCapabilities, GpuContext, GpuSlice, PipelineKey};
+use crate::gpu::{GpuCapabilities, GpuContext, GpuSlice, PipelineKey, coop_translates_to};
 use crate::tensor::{DType, Tensor};
 
 /// How the input is padded before the filter slides over it.
@@ -296,9 +296,11 @@ impl ConvVariant {
     pub fn candidates(caps: &GpuCapabilities) -> Vec<Self> {
         let mut out = Vec::new();
         if caps.shader_f16 {
-            // The coop core's workgroup is whole subgroups: their size must be fixed.
+            // The coop core's workgroup is whole subgroups: their size must be
+            // fixed. The backend's shader language must have the matrices.
             if let Some(tile) = caps.coop_f16_f32_tile()
                 && caps.subgroup_size.is_some_and(|(min, max)| min == max)
+                && coop_translates_to(caps.backend, tile)
             {
                 out.push(Self::Coop { tile });
             }

@@ -461,6 +461,18 @@ impl GpuContext {
 
     /// Submits pending work and copies the first `bytes` of `slice` to the host.
     pub fn read_bytes(&self, slice: GpuSlice<'_>, bytes: u64) -> Result<Vec<u8>> {
+        self.read_bytes_with(slice, bytes, <[u8]>::to_vec)
+    }
+
+    /// Submits pending work and hands the first `bytes` of `slice` to `read`
+    /// straight from the mapped staging buffer (pooled): no host copy of
+    /// aether's own, for readers that reuse their memory.
+    pub fn read_bytes_with<T>(
+        &self,
+        slice: GpuSlice<'_>,
+        bytes: u64,
+        read: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T> {
         let gpu_err = |message: String| AetherError::Gpu {
             during: "read back",
             message,
@@ -483,14 +495,14 @@ impl GpuContext {
             .recv()
             .map_err(|e| gpu_err(e.to_string()))?
             .map_err(|e| gpu_err(e.to_string()))?;
-        let data = {
+        let value = {
             let view = mapped
                 .get_mapped_range()
                 .map_err(|e| gpu_err(e.to_string()))?;
-            view[..bytes as usize].to_vec()
+            read(&view[..bytes as usize])
         };
         staging.buffer().unmap();
-        Ok(data)
+        Ok(value)
     }
 
     fn new_encoder(&self) -> wgpu::CommandEncoder {

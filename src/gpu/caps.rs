@@ -1,4 +1,7 @@
-//! What an adapter can do, read once when the context is created.
+//! What an adapter can do, read once when the context is created, and what
+//! aether needs of a device.
+
+use crate::error::{AetherError, Result};
 
 /// One cooperative-matrix configuration reported by the adapter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,12 +63,8 @@ impl GpuCapabilities {
         (llvmpipe(&self.driver) || llvmpipe(&self.adapter_name)).then_some(65535)
     }
 
-    /// The features aether asks the device for: everything useful the adapter has.
-    pub(crate) fn wanted_features(
-        adapter: &wgpu::Adapter,
-        allow_coop: bool,
-        allow_immediates: bool,
-    ) -> wgpu::Features {
+    /// The features aether uses where a device has them (all optional).
+    pub(crate) fn wanted_features(allow_coop: bool, allow_immediates: bool) -> wgpu::Features {
         let mut wanted = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
@@ -77,16 +76,18 @@ impl GpuCapabilities {
         if allow_immediates {
             wanted |= wgpu::Features::IMMEDIATES;
         }
-        adapter.features() & wanted
+        wanted
     }
 
+    /// The capabilities of a device on `adapter` that has `features` and
+    /// works within `limits`.
     pub(crate) fn read(
         adapter: &wgpu::Adapter,
         features: wgpu::Features,
+        limits: wgpu::Limits,
         coop_disabled: bool,
     ) -> Self {
         let info = adapter.get_info();
-        let limits = adapter.limits();
         let coop_matrix = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
             adapter
                 .cooperative_matrix_properties()
@@ -208,5 +209,132 @@ impl GpuCapabilities {
             self.limits.max_storage_buffer_binding_size,
             coop
         )
+    }
+}
+
+/// Whether naga translates aether's cooperative-matrix kernels at `tile`
+/// for `backend`, so that the planner may choose them there: to SPIR-V
+/// (Vulkan) at both tiles; to MSL (Metal) at 8, the only size of Metal's
+/// simdgroup matrices; never to HLSL (DX12) or GLSL, whose naga writers have
+/// no cooperative matrices. `tests/shader_portability.rs` translates every
+/// kernel for each backend this allows.
+pub fn coop_translates_to(backend: wgpu::Backend, tile: u32) -> bool {
+    match backend {
+        wgpu::Backend::Vulkan => true,
+        wgpu::Backend::Metal => tile == 8,
+        _ => false,
+    }
+}
+
+/// One device limit aether's kernels need, with the least value they run
+/// with. Kernels whose needs grow with the adapter (the cooperative-matrix
+/// and halo blocks) check the device's limits when they are planned instead.
+#[derive(Clone, Copy, Debug)]
+pub struct RequiredLimit {
+    /// The field of [`wgpu::Limits`].
+    pub name: &'static str,
+    pub least: u32,
+    field: fn(&mut wgpu::Limits) -> &mut u32,
+}
+
+impl RequiredLimit {
+    /// This limit's value in `limits`.
+    pub fn of(&self, limits: &wgpu::Limits) -> u32 {
+        *(self.field)(&mut limits.clone())
+    }
+
+    /// This limit's field in `limits`.
+    pub fn field_mut<'l>(&self, limits: &'l mut wgpu::Limits) -> &'l mut u32 {
+        (self.field)(limits)
+    }
+}
+
+/// `limits` with each of [`REQUIRED_LIMITS`] raised to what aether needs: the
+/// limits for an app to request its device with, from its own or
+/// [`wgpu::Limits::default()`] (one storage buffer short). The adapter must
+/// offer them; every desktop GPU does.
+pub fn with_required_limits(mut limits: wgpu::Limits) -> wgpu::Limits {
+    for required in REQUIRED_LIMITS {
+        let field = required.field_mut(&mut limits);
+        *field = (*field).max(required.least);
+    }
+    limits
+}
+
+/// What a device must offer for aether to run on it: every kernel fits these,
+/// and one kernel needs each (`tests/shader_portability.rs` measures them).
+/// WebGPU's defaults ([`wgpu::Limits::default()`]) are one short: BatchNorm's
+/// backward with f16 gradients binds 9 storage buffers; see
+/// [`with_required_limits`].
+pub const REQUIRED_LIMITS: [RequiredLimit; 8] = [
+    RequiredLimit {
+        name: "max_bind_groups",
+        least: 1,
+        field: |l| &mut l.max_bind_groups,
+    },
+    RequiredLimit {
+        name: "max_bindings_per_bind_group",
+        least: REQUIRED_STORAGE_BUFFERS + 1,
+        field: |l| &mut l.max_bindings_per_bind_group,
+    },
+    RequiredLimit {
+        name: "max_storage_buffers_per_shader_stage",
+        least: REQUIRED_STORAGE_BUFFERS,
+        field: |l| &mut l.max_storage_buffers_per_shader_stage,
+    },
+    RequiredLimit {
+        name: "max_uniform_buffers_per_shader_stage",
+        least: 1,
+        field: |l| &mut l.max_uniform_buffers_per_shader_stage,
+    },
+    RequiredLimit {
+        name: "max_compute_invocations_per_workgroup",
+        least: 256,
+        field: |l| &mut l.max_compute_invocations_per_workgroup,
+    },
+    RequiredLimit {
+        name: "max_compute_workgroup_size_x",
+        least: 256,
+        field: |l| &mut l.max_compute_workgroup_size_x,
+    },
+    RequiredLimit {
+        name: "max_compute_workgroup_size_y",
+        least: 32,
+        field: |l| &mut l.max_compute_workgroup_size_y,
+    },
+    RequiredLimit {
+        name: "max_compute_workgroup_storage_size",
+        least: 8192,
+        field: |l| &mut l.max_compute_workgroup_storage_size,
+    },
+];
+
+/// The most storage buffers one aether kernel binds.
+const REQUIRED_STORAGE_BUFFERS: u32 = 9;
+
+/// `Ok` when a device on `adapter` working within `limits` can run aether's
+/// kernels, else [`AetherError::DeviceRequirement`] naming what is missing.
+pub(crate) fn check_requirements(adapter: &wgpu::Adapter, limits: &wgpu::Limits) -> Result<()> {
+    let adapter_name = adapter.get_info().name;
+    let downlevel = adapter.get_downlevel_capabilities();
+    if !downlevel
+        .flags
+        .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+    {
+        return Err(AetherError::DeviceRequirement {
+            adapter: adapter_name,
+            requirement: "compute shaders (DownlevelFlags::COMPUTE_SHADERS)",
+            needed: "present".into(),
+            actual: "absent".into(),
+        });
+    }
+    match REQUIRED_LIMITS.iter().find(|r| r.of(limits) < r.least) {
+        Some(r) => Err(AetherError::DeviceRequirement {
+            adapter: adapter_name,
+            requirement: r.name,
+            needed: format!("at least {}", r.least),
+            actual: r.of(limits).to_string(),
+        }),
+        None => Ok(()),
     }
 }

@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use super::batch::Batch;
 use super::bind_groups::BindGroupCache;
-use super::caps::GpuCapabilities;
+use super::caps::{GpuCapabilities, check_requirements};
 use super::faults::Faults;
 use super::options::GpuOptions;
 use super::pipelines::PipelineCache;
 use super::pool::BufferPool;
+use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
 
 /// The next [`GpuContext::id`].
@@ -74,21 +75,25 @@ impl GpuContext {
             let filter = filter.to_lowercase();
             adapters.retain(|a| a.get_info().name.to_lowercase().contains(&filter));
         }
+        // An adapter that cannot run the kernels is passed over, announced.
+        adapters.retain(|a| match check_requirements(a, &a.limits()) {
+            Ok(()) => true,
+            Err(e) => {
+                warn_once(
+                    &format!("unsuitable:{}", a.get_info().name),
+                    &format!("passing over an adapter: {e}"),
+                );
+                false
+            }
+        });
         adapters.sort_by_key(|a| device_type_rank(a.get_info().device_type));
         adapters.into_iter().next()
     }
 
     pub(crate) fn with_adapter(adapter: wgpu::Adapter, options: &GpuOptions) -> Result<Arc<Self>> {
         let info = adapter.get_info();
-        let features = GpuCapabilities::wanted_features(
-            &adapter,
-            !options.disable_coop,
-            !options.disable_immediates,
-        );
-        let coop_disabled = options.disable_coop
-            && adapter
-                .features()
-                .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        let features = adapter.features()
+            & GpuCapabilities::wanted_features(!options.disable_coop, !options.disable_immediates);
         let experimental = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
             // SAFETY: aether only uses the cooperative-matrix feature through shaders that
             // are validated by naga and tested against the CPU reference on every variant.
@@ -110,9 +115,64 @@ impl GpuContext {
             adapter: info.name.clone(),
             source,
         })?;
+        Self::assemble(&adapter, device, queue, features, limits, options)
+    }
+
+    /// Runs aether on a device the application created (to render with it,
+    /// or to share it with other GPU work): nothing is requested, the device's
+    /// own features and limits are what the kernels choose between, as
+    /// [`GpuContext::new`] does with the features it asks for. `adapter` must
+    /// be the one `device` was requested from.
+    ///
+    /// Refused with [`AetherError::DeviceRequirement`] when the adapter has no
+    /// compute shaders or the device was requested with a limit below
+    /// [`REQUIRED_LIMITS`](super::REQUIRED_LIMITS), naming it. Every feature
+    /// is optional: without `SHADER_F16` the kernels run in f32, without
+    /// `SUBGROUP` or `EXPERIMENTAL_COOPERATIVE_MATRIX` they take the portable
+    /// GEMM, and without `IMMEDIATES` parameters travel in uniform buffers.
+    ///
+    /// aether installs its own device-lost callback and uncaptured-error
+    /// handler on `device` (they turn faults into typed errors); an app that
+    /// wants its own should wrap its calls in error scopes. `options` apply
+    /// except `adapter_filter` and `fail_allocations_over`, which choose and
+    /// request a device.
+    pub fn from_wgpu(
+        adapter: &wgpu::Adapter,
+        device: &wgpu::Device,
+        queue: &wgpu::Queue,
+        options: &GpuOptions,
+    ) -> Result<Arc<Self>> {
+        let features = device.features()
+            & GpuCapabilities::wanted_features(!options.disable_coop, !options.disable_immediates);
+        let limits = options.limits(device.limits());
+        Self::assemble(
+            adapter,
+            device.clone(),
+            queue.clone(),
+            features,
+            limits,
+            options,
+        )
+    }
+
+    /// The context of `device`, which has `features` (those aether uses) and
+    /// works within `limits`, after checking it can run aether's kernels.
+    fn assemble(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        features: wgpu::Features,
+        limits: wgpu::Limits,
+        options: &GpuOptions,
+    ) -> Result<Arc<Self>> {
+        let info = adapter.get_info();
+        check_requirements(adapter, &limits)?;
         let faults = Faults::watch(&device);
-        let mut caps = GpuCapabilities::read(&adapter, features, coop_disabled);
-        caps.limits = limits;
+        let coop_disabled = options.disable_coop
+            && adapter
+                .features()
+                .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        let caps = GpuCapabilities::read(adapter, features, limits, coop_disabled);
         let pipelines = PipelineCache::new(
             &device,
             &info,
@@ -120,6 +180,7 @@ impl GpuContext {
             options.cache_dir.as_deref(),
             &options.break_kernels,
             options.shader_checks,
+            options.record_shaders,
         );
         Ok(Arc::new(Self {
             device,

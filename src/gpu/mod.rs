@@ -14,7 +14,10 @@ mod pool;
 mod slice;
 
 pub use batch::KernelTime;
-pub use caps::{CoopMatrixConfig, GpuCapabilities};
+pub use caps::{
+    CoopMatrixConfig, GpuCapabilities, REQUIRED_LIMITS, RequiredLimit, coop_translates_to,
+    with_required_limits,
+};
 pub use context::GpuContext;
 #[doc(hidden)]
 pub use grid::flat_grid;
@@ -23,7 +26,7 @@ pub use options::{DevicePreference, GpuOptions, device_preference_from_env};
 // Kernel plumbing: public for the tests, benches and examples that launch
 // kernels of their own.
 #[doc(hidden)]
-pub use pipelines::{PipelineCache, PipelineKey};
+pub use pipelines::{BuiltShader, PipelineCache, PipelineKey};
 #[doc(hidden)]
 pub use pool::{BufferPool, PoolStats, PooledBuffer};
 #[doc(hidden)]

@@ -62,6 +62,10 @@ pub struct GpuOptions {
     /// adapter's limits, so such an allocation really fails inside wgpu, in an
     /// error scope, as a driver out of memory would.
     pub fail_allocations_over: Option<u64>,
+    /// Keeps every WGSL module the context builds, for
+    /// [`PipelineCache::built_shaders`](super::PipelineCache::built_shaders):
+    /// the portability test translates them for every backend.
+    pub record_shaders: bool,
 }
 
 impl GpuOptions {
@@ -97,6 +101,7 @@ impl GpuOptions {
             break_kernels: Vec::new(),
             max_buffer_bytes: None,
             fail_allocations_over: None,
+            record_shaders: false,
         })
     }
 

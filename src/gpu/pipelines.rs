@@ -56,6 +56,18 @@ pub struct PipelineCache {
     break_kernels: Vec<String>,
     params_in_immediates: bool,
     checks: wgpu::ShaderRuntimeChecks,
+    /// Every module built, where [`GpuOptions::record_shaders`](super::GpuOptions::record_shaders) asks.
+    recorded: Option<Mutex<Vec<BuiltShader>>>,
+}
+
+/// One WGSL module as aether handed it to the device: what naga translates
+/// for the backend (see [`PipelineCache::built_shaders`]).
+#[derive(Clone, Debug)]
+pub struct BuiltShader {
+    pub key: PipelineKey,
+    pub entry_point: String,
+    /// The full WGSL, parameters already moved to immediates where they are.
+    pub source: String,
 }
 
 /// wgpu's driver-level pipeline cache and the file it is persisted to.
@@ -80,6 +92,7 @@ impl PipelineCache {
         cache_dir: Option<&Path>,
         break_kernels: &[String],
         keep_index_checks: bool,
+        record_shaders: bool,
     ) -> Self {
         let disk = match (
             caps.pipeline_cache,
@@ -97,6 +110,7 @@ impl PipelineCache {
             break_kernels: break_kernels.to_vec(),
             params_in_immediates: caps.params_in_immediates(),
             checks: runtime_checks(info.backend, keep_index_checks),
+            recorded: record_shaders.then(Mutex::default),
         }
     }
 
@@ -122,6 +136,21 @@ impl PipelineCache {
         } else {
             source()
         };
+        let source = if self.params_in_immediates {
+            Cow::Owned(params_as_immediates(&source))
+        } else {
+            source
+        };
+        if let Some(recorded) = &self.recorded {
+            recorded
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(BuiltShader {
+                    key: key.clone(),
+                    entry_point: entry_point.to_owned(),
+                    source: source.clone().into_owned(),
+                });
+        }
         let compiled = match self.compile(key, entry_point, &source) {
             Ok(pipeline) => Some(Arc::new(pipeline)),
             Err(message) => {
@@ -175,6 +204,15 @@ impl PipelineCache {
             })
     }
 
+    /// Every module built so far, in order, when the context was made with
+    /// [`GpuOptions::record_shaders`](super::GpuOptions::record_shaders);
+    /// empty otherwise.
+    pub fn built_shaders(&self) -> Vec<BuiltShader> {
+        self.recorded.as_ref().map_or_else(Vec::new, |recorded| {
+            recorded.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        })
+    }
+
     /// Number of pipelines compiled successfully so far.
     pub fn compiled_count(&self) -> usize {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
@@ -203,15 +241,10 @@ impl PipelineCache {
         let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
         // Experimental shader paths in naga's backends have been known to panic
         // rather than report; a panic here must become a fallback, not a crash.
-        let source = if self.params_in_immediates {
-            Cow::Owned(params_as_immediates(source))
-        } else {
-            Cow::Borrowed(source)
-        };
         let built = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let descriptor = wgpu::ShaderModuleDescriptor {
                 label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(source),
+                source: wgpu::ShaderSource::Wgsl(Cow::Borrowed(source)),
             };
             // SAFETY: the checks left out are those `runtime_checks` names,
             // for the reasons it gives.
