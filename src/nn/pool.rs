@@ -1,5 +1,6 @@
 //! Pooling layers: max, average and global average.
 
+use super::dropout::mask_key;
 use super::{Layer, LayerSpec, Mode, cached, hwc};
 use crate::conv::{ConvParams, ConvShapeMeta, Padding};
 use crate::device::Device;
@@ -112,7 +113,7 @@ impl Layer for MaxPool2d {
         self.step_dropout = match (train, self.dropout) {
             (Some((seed, step)), Some((rate, layer_seed))) => Some(PoolDropout {
                 rate,
-                seed: seed ^ layer_seed,
+                seed: mask_key(seed, layer_seed),
                 step,
             }),
             _ => None,
