@@ -7,13 +7,20 @@ step where they part by more than --tolerance, step 1's per-parameter
 gradients against `Model::gradients`, and the weights and BatchNorm running
 statistics after the last step.
 
-    python3 benches/parity_pytorch.py DIR [--tolerance 1e-3] [--device cpu|cuda] [--variants]
+    python3 benches/parity_pytorch.py DIR [--tolerance 3e-3] [--device cpu|cuda] [--variants] [--f16-sim]
+
+The reference is the same replay in float64: aether's losses are held to it
+(--tolerance, relative), beside torch's own f32 replay, whose distance from
+float64 is the f32 noise floor (Adam's sign-like early steps amplify rounding,
+so both drift to about 1e-3 by step 50).
 
 --variants then replays the same steps with one recipe detail at a time
 switched from aether's choice to PyTorch's default (AdamW's epsilon and its
 form, which parameters decay, the initialisation, dropout masks from torch's
 RNG), and the full PyTorch twin (torch init + torch.optim.AdamW), each
 against the aether mirror, to show which of them move the loss curve.
+--f16-sim replays it once more with aether's GPU f16 roundings simulated,
+for a dump made with `--device gpu`.
 
 Needs torch and numpy; nothing in `cargo test` imports this file.
 """
@@ -83,11 +90,13 @@ def _round_f16(t):
     return t + (t.half().float() - t).detach()
 
 
-def _f16_output_grad(y):
-    """The gradient arriving at y rounded to f16 after clipping to +-65504,
-    with no loss scaling, as aether's conv backward casts it."""
-    if y.requires_grad:
-        y.register_hook(lambda g: g.clamp(-65504, 65504).half().to(g.dtype))
+def _f16_output_grad(y, scale):
+    """The gradient arriving at y rounded to f16 after clipping to +-65504, as
+    aether's conv backward casts it: with `scale` 1 (aether today, no loss
+    scaling), or times `scale` before the rounding and divided after (loss
+    scaling, what PyTorch's GradScaler does); None leaves it f32."""
+    if y.requires_grad and scale is not None:
+        y.register_hook(lambda g: (g * scale).clamp(-65504, 65504).half().to(g.dtype) / scale)
     return y
 
 
@@ -95,20 +104,26 @@ class F16Conv2d(nn.Conv2d):
     """A conv as aether's GPU path runs it (`f16_operands` variants): input and
     kernel rounded to f16, f32 accumulation, output gradient rounded to f16."""
 
+    grad_scale = 1.0
+
     def forward(self, x):
-        return _f16_output_grad(F.conv2d(_round_f16(x), _round_f16(self.weight), self.bias,
-                                         padding=self.padding))
+        y = F.conv2d(_round_f16(x), _round_f16(self.weight), self.bias, padding=self.padding)
+        return _f16_output_grad(y, self.grad_scale)
 
 
 class F16Linear(nn.Linear):
     """aether's Dense, a 1x1 conv on the same kernels: the same roundings."""
 
+    grad_scale = 1.0
+
     def forward(self, x):
-        return _f16_output_grad(F.linear(_round_f16(x), _round_f16(self.weight), self.bias))
+        y = F.linear(_round_f16(x), _round_f16(self.weight), self.bias)
+        return _f16_output_grad(y, self.grad_scale)
 
 
-def gpu_f16_roundings(model):
-    """Swaps model's Conv2d and Linear layers for the F16 ones, weights kept."""
+def gpu_f16_roundings(model, grad_scale=1.0):
+    """Swaps model's Conv2d and Linear layers for the F16 ones, weights kept;
+    `grad_scale` as in `_f16_output_grad`."""
     for i, m in enumerate(model):
         if isinstance(m, nn.Conv2d):
             new = F16Conv2d(m.in_channels, m.out_channels, m.kernel_size, padding=m.padding)
@@ -117,6 +132,7 @@ def gpu_f16_roundings(model):
         else:
             continue
         new.load_state_dict(m.state_dict())
+        new.grad_scale = grad_scale
         model[i] = new
 
 

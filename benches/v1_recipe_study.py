@@ -3,13 +3,17 @@
 gap), measured in PyTorch where each can be switched alone: v1 trained with
 PyTorch's defaults (the twin), with aether's He-normal initialisation, with
 aether's AdamW details too (epsilon 1e-7 in the Keras form, BatchNorm not
-decayed), and with the GPU path's f16 roundings (conv inputs and weights, and
-the conv output gradients rounded to f16 with no loss scaling, clipped to
-+-65504). Trains on a harder variant of `aether::data::synthetic_images`
+decayed), and with the GPU path's f16 roundings (conv and dense inputs and
+kernels, and their output gradients rounded to f16 with no loss scaling,
+clipped to +-65504; `parity_pytorch.gpu_f16_roundings`, which reproduces
+aether's GPU step-1 gradients to 3 digits), split into operand and gradient
+rounding, and with the gradients scaled by 2^16 before their rounding (loss
+scaling). Trains on a harder variant of `aether::data::synthetic_images`
 (more pixel noise, so accuracy is not saturated; CIFAR-10 cannot be
 downloaded where this was written), several seeds each.
 
     python3 benches/v1_recipe_study.py [--epochs 10] [--train 25000] [--seeds 3] [--noise 3 5]
+        [--configs NAME ...]
 
 Needs torch (a CUDA GPU makes it take minutes) and numpy.
 """
@@ -49,20 +53,26 @@ def synthetic(n, side, seed, noise):
 
 
 def build(init, f16):
+    """f16: False, or the gradient scale of `gpu_f16_roundings`."""
     model = v1_model(own_rng=True)
-    if f16:
-        gpu_f16_roundings(model)
+    if f16 is not False:
+        gpu_f16_roundings(model, f16)
     if init == "he":
         he_normal_(model)
     return model
 
 
+# name -> (init, optimizer, f16: False, or the output-gradient scale before
+# its f16 rounding: 1 as aether today, None for f16 operands with f32 gradients).
 CONFIGS = {
     "PyTorch twin (torch init, torch AdamW)": ("torch", "torch", False),
-    "twin + f16 GPU roundings": ("torch", "torch", True),
+    "twin + f16 GPU roundings": ("torch", "torch", 1.0),
+    "twin + f16 operands, f32 gradients": ("torch", "torch", None),
+    "twin + f16, gradients scaled 2^16": ("torch", "torch", 65536.0),
     "He-normal init, torch AdamW": ("he", "torch", False),
     "He init + aether AdamW (CPU aether)": ("he", "aether", False),
-    "He + aether AdamW + f16 (GPU aether)": ("he", "aether", True),
+    "He + aether AdamW + f16 (GPU aether)": ("he", "aether", 1.0),
+    "GPU aether + gradients scaled 2^16": ("he", "aether", 65536.0),
 }
 
 
@@ -99,6 +109,8 @@ def main():
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--noise", type=float, nargs="+", default=[3.0, 5.0])
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
+                   metavar="NAME", help="which of the configurations to train (default all)")
     args = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cudnn.allow_tf32 = False
@@ -110,7 +122,7 @@ def main():
         data = tuple((a.to(device), b.to(device)) for a, b in
                      (synthetic(args.train, 32, 1, noise), synthetic(args.test, 32, 2, noise)))
         print(f"pixel noise width {noise}:")
-        for config in CONFIGS:
+        for config in args.configs:
             start = time.time()
             accs = [train(config, s, data, args.epochs, args.batch, device) for s in range(args.seeds)]
             sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
