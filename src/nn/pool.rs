@@ -1,5 +1,6 @@
 //! Pooling layers: max, average, global average and global max.
 
+use super::dropout::mask_key;
 use super::{Layer, LayerSpec, Mode, cached, hwc};
 use crate::conv::Padding;
 use crate::device::Device;
@@ -107,7 +108,7 @@ impl Layer for MaxPool2d {
         self.step_dropout = match (train, self.dropout) {
             (Some((seed, step)), Some((rate, layer_seed))) => Some(PoolDropout {
                 rate,
-                seed: seed ^ layer_seed,
+                seed: mask_key(seed, layer_seed),
                 step,
             }),
             _ => None,
