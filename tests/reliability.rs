@@ -897,8 +897,9 @@ fn two_epochs_a_checkpoint_and_two_more_are_four_epochs_bit_for_bit() {
 /// lavapipe. dweight splits its reduction so that each invocation's share
 /// fits (its split-K rule already does on lavapipe; the plan raises it where
 /// it would not): a 1x1 conv over 2^21 pixels gives the CPU's exact dW.
-/// Forward, which cannot split, refuses a Dense layer of 2^20 inputs instead
-/// of summing 65535 of its 65536 steps (what it did before).
+/// Forward, which cannot split, refuses a Dense layer of 2^20 inputs on a
+/// portable GEMM instead of summing 65535 of its 65536 steps (what it did
+/// before); a cooperative-matrix variant (Mesa 26's lavapipe) sums them all.
 #[test]
 fn conv_reductions_past_lavapipes_loop_limit_are_split_or_refused() {
     use aether::conv::{ConvParams, ConvPlans, conv2d_dweight, conv2d_forward};
@@ -915,9 +916,6 @@ fn conv_reductions_past_lavapipes_loop_limit_are_split_or_refused() {
     }
     let params = ConvParams::new(1, 1, Padding::Valid);
     let k = 1 << 20;
-    let on = |d: &Device, dims: Vec<usize>, seed| {
-        aether::Tensor::from_f32(dims.clone(), values(dims.iter().product(), seed), d).unwrap()
-    };
     // x of +-1 and dy of multiples of 2^-10 (at most 1/2): exact in f16, and
     // every partial sum of their products exact in f32 whatever the order,
     // so the GPU must give the CPU's bits. Truncated at 65535 steps of 16, a
@@ -941,9 +939,28 @@ fn conv_reductions_past_lavapipes_loop_limit_are_split_or_refused() {
     assert_eq!(cpu, gpu_dw);
     assert!(cpu.0.abs() > 1.0 && cpu.1.abs() > 1.0, "{cpu:?}");
 
-    let x = on(&device, vec![1, 1, 1, k], 83);
-    let w = on(&device, vec![1, 1, k, 1], 84);
-    let b = on(&device, vec![1], 85);
-    let err = conv2d_forward(&x, &w, &b, &params, &ConvPlans::new()).unwrap_err();
-    assert!(err.to_string().contains("loop iterations"), "{err}");
+    // The forward over 2^20 inputs, on the same exact data: refused where
+    // the chosen variant's loop would pass the limit (the portable GEMMs),
+    // else (a cooperative-matrix variant, whose invocations loop less) the
+    // CPU's exact bits. A truncated sum would be neither.
+    let signs: Vec<f32> = values(k, 83)
+        .iter()
+        .map(|v| if *v < 0.0 { -1.0 } else { 1.0 })
+        .collect();
+    let steps: Vec<f32> = values(k, 84)
+        .iter()
+        .map(|v| (v * 512.0).round() / 1024.0)
+        .collect();
+    let forward = |d: &Device| {
+        let x = aether::Tensor::from_f32(vec![1, 1, 1, k], signs.clone(), d).unwrap();
+        let w = aether::Tensor::from_f32(vec![1, 1, k, 1], steps.clone(), d).unwrap();
+        // A bias exact in any order of addition too.
+        let b = aether::Tensor::from_f32(vec![1], vec![0.375], d).unwrap();
+        conv2d_forward(&x, &w, &b, &params, &ConvPlans::new()).map(|y| y.to_vec_f32().unwrap()[0])
+    };
+    let cpu = forward(&Device::Cpu).unwrap();
+    match forward(&device) {
+        Err(err) => assert!(err.to_string().contains("loop iterations"), "{err}"),
+        Ok(gpu) => assert_eq!(gpu.to_bits(), cpu.to_bits(), "GPU {gpu} vs CPU {cpu}"),
+    }
 }
