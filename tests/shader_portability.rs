@@ -35,8 +35,8 @@ use aether::gpu::{
 };
 use aether::model::{Loss, Metric};
 use aether::nn::{
-    AvgPool2d, BatchNorm, Conv2d, Dense, Dropout, Flatten, GlobalAvgPool, LeakyReLU, MaxPool2d,
-    ReLU, Softmax, SpatialDropout,
+    Add, AvgPool2d, BatchNorm, Concat, Conv2d, Dense, Dropout, Flatten, GELU, GlobalAvgPool,
+    GlobalMaxPool, LeakyReLU, MaxPool2d, ReLU, Scale, SiLU, Softmax, SpatialDropout,
 };
 use aether::ops::augment::random_crop_flip;
 use aether::ops::batchnorm::{batch_norm_train, update_running_stats};
@@ -173,6 +173,26 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
     plain
         .train_batch(&rng.vec(batch * 8 * 8 * 3), &[0, 1, 2, 0])
         .unwrap();
+    // A graph with the merges and the layers only graphs and airbench use:
+    // the residual add and the gradient sum at a fork, channel copies, GELU,
+    // SiLU, Scale, GlobalMaxPool, a bias-free conv and a scale-free BatchNorm.
+    let mut g = aether::Graph::new();
+    let image = g.input();
+    let a = g.add(Conv2d::new(8, (3, 3), Padding::Same).bias(false), &[image]);
+    let a = g.add(BatchNorm::new(0.6, 1e-12).scale(false), &[a]);
+    let b = g.add(GELU::default(), &[a]);
+    let b = g.add(Conv2d::new(8, (3, 3), Padding::Same), &[b]);
+    let sum = g.add(Add::default(), &[b, a]);
+    let s = g.add(SiLU::default(), &[sum]);
+    let joined = g.add(Concat::default(), &[s, a]);
+    let pooled = g.add(GlobalMaxPool::default(), &[joined]);
+    let logits = g.add(Dense::new(3).bias(false), &[pooled]);
+    g.add(Scale::new(0.5), &[logits]);
+    let graph = Model::from_graph(g).seed(4).f16_activations(on);
+    let mut graph = common::ready_model(graph, device, &input);
+    let x = rng.vec(batch * 8 * 8 * 3);
+    graph.train_batch(&x, &[2, 1, 0, 1]).unwrap();
+    graph.predict(&x, batch, false).unwrap();
 }
 
 /// The modules `ctx` built, each once (the same source and constants can be
