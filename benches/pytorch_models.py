@@ -17,22 +17,13 @@ pipelined (--repeats back to back, one synchronise):
 """
 
 import argparse
-import statistics
 import time
 
 import torch
 from torch import nn
 
-
-def v1():
-    layers, c_in = [], 3
-    for filters, dropout in [((32, 32), 0.1), ((64, 64), 0.15), ((128,), 0.2)]:
-        for f in filters:
-            layers += [nn.Conv2d(c_in, f, 3, padding=1), nn.BatchNorm2d(f, eps=1e-5, momentum=0.1), nn.ReLU()]
-            c_in = f
-        layers += [nn.MaxPool2d(2), nn.Dropout2d(dropout)]
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10)]
-    return nn.Sequential(*layers)
+# The v1 twin and the step timer are pytorch_reference.py's (same folder).
+from pytorch_reference import timed_steps, v1_model
 
 
 class BasicBlock(nn.Module):
@@ -100,24 +91,7 @@ def airbench94():
                          *group(256, 256), nn.MaxPool2d(3), nn.Flatten(), nn.Linear(256, 10, bias=False), Mul(1 / 9))
 
 
-MODELS = {"v1": (v1, 0.05), "resnet18": (ResNet18, 0.05), "airbench94": (airbench94, 0.2)}
-
-
-def timed_steps(step, repeats, warmup=5):
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    torch.cuda.synchronize()
-    return statistics.median(times), (time.perf_counter() - start) * 1e3 / repeats
+MODELS = {"v1": (v1_model, 0.05), "resnet18": (ResNet18, 0.05), "airbench94": (airbench94, 0.2)}
 
 
 def optimizer(model, capturable=False):

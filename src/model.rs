@@ -247,14 +247,16 @@ fn flagged(flags: &[bool]) -> Vec<usize> {
 
 /// An epoch's losses and correct counts, still on the device, each with the
 /// step that made it. Training reads a loss back on logging steps only, so a
-/// divergence seen there is traced back to the step it began at.
-pub(crate) struct PendingLosses {
+/// divergence seen there is traced back to the step it began at. Public for
+/// training loops of one's own around [`Model::train_tensors`].
+pub struct PendingLosses {
     epoch: usize,
     steps: Vec<(u64, Tensor, Tensor)>,
 }
 
 impl PendingLosses {
-    pub(crate) fn new(epoch: usize, steps: usize) -> Self {
+    /// Room for an epoch (numbered `epoch` in errors) of `steps` steps.
+    pub fn new(epoch: usize, steps: usize) -> Self {
         Self {
             epoch,
             steps: Vec::with_capacity(steps),
@@ -262,13 +264,13 @@ impl PendingLosses {
     }
 
     /// Records step `step`'s loss and correct count, unread.
-    pub(crate) fn push(&mut self, step: u64, loss: Tensor, correct: Tensor) {
+    pub fn push(&mut self, step: u64, loss: Tensor, correct: Tensor) {
         self.steps.push((step, loss, correct));
     }
 
     /// Step `step`'s loss (not yet pushed), read back on a logging step; where
     /// it is not finite, the error naming the first step whose loss was not.
-    pub(crate) fn logged(&self, step: u64, loss: &Tensor) -> Result<f32> {
+    pub fn logged(&self, step: u64, loss: &Tensor) -> Result<f32> {
         let value = loss.to_vec_f32()?[0];
         if value.is_finite() {
             return Ok(value);
@@ -279,7 +281,7 @@ impl PendingLosses {
 
     /// The sums of every recorded loss and correct count, in step order; the
     /// error naming the first step whose loss is not finite.
-    pub(crate) fn totals(&self) -> Result<(f64, u64)> {
+    pub fn totals(&self) -> Result<(f64, u64)> {
         let (mut loss_sum, mut correct_sum) = (0.0f64, 0u64);
         for (step, loss, correct) in &self.steps {
             let value = loss.to_vec_f32()?[0];

@@ -6,6 +6,7 @@
 #[allow(dead_code)]
 #[path = "../examples/cifar10/args.rs"]
 mod args;
+mod common;
 #[allow(dead_code)]
 #[path = "../examples/cifar10/plot.rs"]
 mod plot;
@@ -19,26 +20,8 @@ use aether::datasets::cifar10::{CLASS_NAMES, RECORD_BYTES, TEST_FILE, TRAIN_FILE
 use aether::gpu::DevicePreference;
 use aether::{AetherError, Device, Model};
 use args::Cifar10Args;
+use common::TempDir;
 use run::{SYNTHETIC_TEST_SEED, run};
-
-/// A fresh, empty folder under the system temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let path =
-            std::env::temp_dir().join(format!("aether-cifar10-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// Deterministic bytes (SplitMix64), so failures reproduce.
 struct Bytes(u64);

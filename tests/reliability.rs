@@ -4,33 +4,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use aether::conv::Padding;
 use aether::model::{Loss, Metric};
 use aether::nn::{BatchNorm, Conv2d, Dense, Flatten, MaxPool2d, ReLU};
 use aether::optim::Adam;
 use aether::{AetherError, Device, Model, TrainOptions};
-use common::{gpu, ready_model};
-
-/// A fresh folder under the temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let path =
-            std::env::temp_dir().join(format!("aether-reliability-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::{TempDir, gpu, ready_model};
 
 /// Deterministic values in [-1, 1) (SplitMix64), asymmetric, never all zero.
 fn values(n: usize, seed: u64) -> Vec<f32> {

@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -15,26 +15,7 @@ use aether::datasets::cifar10::{RECORD_BYTES, TEST_FILE, TRAIN_FILES, load_cifar
 use aether::gpu::DevicePreference;
 use aether::nn::Dense;
 use aether::{AetherError, Device, Model};
-use common::{ready_model, test_gpu_options};
-
-/// A fresh folder under the temp dir, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let path =
-            std::env::temp_dir().join(format!("aether-special-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::{TempDir, ready_model, test_gpu_options};
 
 fn mkfifo(path: &Path) {
     let status = std::process::Command::new("mkfifo")

@@ -7,10 +7,11 @@ use std::time::Instant;
 use aether::conv::ConvVariant;
 use aether::datasets::cifar10::{Cifar10, IMAGE_SIDE, IMAGE_VALUES, load_cifar10};
 use aether::gpu::GpuOptions;
+use aether::model::PendingLosses;
 use aether::ops::augment::random_crop_flip;
 use aether::optim::Adam;
 use aether::progress::Progress;
-use aether::{AetherError, Device, Loss, Metric, Model, Result, Tensor};
+use aether::{Device, Loss, Metric, Model, Result, Tensor};
 
 use crate::args::{Cifar10Args, ZooModel, check_args};
 
@@ -259,7 +260,7 @@ impl Trainer<'_> {
         let order = permutation(n, epoch_seed);
         let bar = Progress::epoch(epoch, self.args.epochs, steps);
         let start = Instant::now();
-        let mut pending = EpochLosses::new(epoch, steps);
+        let mut pending = PendingLosses::new(epoch, steps);
         // A batch holds at most every image (the batch size is the user's).
         let mut batch = Vec::with_capacity(batch_size.min(n) * IMAGE_VALUES);
         for (s, chunk) in order.chunks(batch_size).enumerate() {
@@ -303,60 +304,6 @@ impl Trainer<'_> {
             ms_per_step: train_seconds * 1000.0 / steps as f64,
             images_per_second: n as f64 / train_seconds,
         })
-    }
-}
-
-/// The epoch's losses and correct counts, left on the device and read back
-/// only on logging steps and at the epoch's end, so the GPU never waits for
-/// the host between steps.
-struct EpochLosses {
-    epoch: usize,
-    steps: Vec<(u64, Tensor, Tensor)>,
-}
-
-impl EpochLosses {
-    fn new(epoch: usize, steps: usize) -> Self {
-        Self {
-            epoch,
-            steps: Vec::with_capacity(steps),
-        }
-    }
-
-    fn push(&mut self, step: u64, loss: Tensor, correct: Tensor) {
-        self.steps.push((step, loss, correct));
-    }
-
-    /// Step `step`'s loss, read back; where it is not finite, the error naming
-    /// the first step whose loss was not.
-    fn logged(&self, step: u64, loss: &Tensor) -> Result<f32> {
-        let value = loss.to_vec_f32()?[0];
-        if value.is_finite() {
-            return Ok(value);
-        }
-        self.totals()?;
-        Err(self.non_finite(step, value))
-    }
-
-    /// The sums of the recorded losses and correct counts.
-    fn totals(&self) -> Result<(f64, u64)> {
-        let (mut loss_sum, mut correct_sum) = (0.0f64, 0u64);
-        for (step, loss, correct) in &self.steps {
-            let value = loss.to_vec_f32()?[0];
-            if !value.is_finite() {
-                return Err(self.non_finite(*step, value));
-            }
-            loss_sum += f64::from(value);
-            correct_sum += u64::from(correct.to_vec_u32()?[0]);
-        }
-        Ok((loss_sum, correct_sum))
-    }
-
-    fn non_finite(&self, step: u64, loss: f32) -> AetherError {
-        AetherError::NonFiniteLoss {
-            step,
-            epoch: self.epoch,
-            loss,
-        }
     }
 }
 

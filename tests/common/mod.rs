@@ -203,3 +203,22 @@ pub fn f32_bits(t: &Tensor) -> Vec<u32> {
         .map(|v| v.to_bits())
         .collect()
 }
+
+/// A fresh, empty folder under the system temp dir, named for this process
+/// and `name`, removed when dropped.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("aether-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
