@@ -1645,48 +1645,43 @@ impl Model {
     /// tensor is replaced, so an error leaves the model as it was. The
     /// optimizer keeps its moments.
     pub fn set_tensors(&mut self, values: &[(String, Vec<f32>)]) -> Result<()> {
-        let current = self.tensors()?;
+        self.input_shape()?;
         let mut replaced: Vec<(usize, &'static str, Tensor)> = Vec::with_capacity(values.len());
-        for (name, data) in values {
-            let Some((_, now)) = current.iter().find(|(n, _)| n == name) else {
+        for (i, layer) in self.layers.iter().enumerate() {
+            for (name, current) in layer.state() {
+                let key = format!("layers.{i}.{name}");
+                let Some((_, data)) = values.iter().find(|(n, _)| *n == key) else {
+                    continue;
+                };
+                if data.len() != current.numel() {
+                    return Err(model_err(format!(
+                        "tensor {key} holds {} values ({:?}), given {}",
+                        current.numel(),
+                        current.dims(),
+                        data.len()
+                    )));
+                }
+                if let Some(reason) = invalid_state_values(&key, name, data) {
+                    return Err(model_err(reason));
+                }
+                let t = Tensor::from_f32(current.dims().to_vec(), data.clone(), &self.device)?;
+                replaced.push((i, name, t));
+            }
+        }
+        if replaced.len() < values.len() {
+            let names: Vec<String> = self.tensors()?.into_iter().map(|(n, _)| n).collect();
+            if let Some((name, _)) = values.iter().find(|(n, _)| !names.contains(n)) {
                 return Err(model_err(format!(
-                    "no tensor {name:?}; the model's are {:?}",
-                    current.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()
-                )));
-            };
-            if data.len() != now.numel() {
-                return Err(model_err(format!(
-                    "tensor {name} holds {} values ({:?}), given {}",
-                    now.numel(),
-                    now.dims(),
-                    data.len()
+                    "no tensor {name:?}; the model's are {names:?}"
                 )));
             }
-            if let Some(bad) = data.iter().find(|v| !v.is_finite()) {
-                return Err(model_err(format!(
-                    "tensor {name}: value {bad} is not finite"
-                )));
+            let twice = values
+                .iter()
+                .enumerate()
+                .find(|(k, (n, _))| values[..*k].iter().any(|(m, _)| m == n));
+            if let Some((_, (name, _))) = twice {
+                return Err(model_err(format!("tensor {name:?} is given twice")));
             }
-            if name.ends_with(".running_var")
-                && let Some(bad) = data.iter().find(|&&v| v < 0.0)
-            {
-                return Err(model_err(format!(
-                    "tensor {name}: variance {bad} is negative"
-                )));
-            }
-            let (layer, short) = name
-                .strip_prefix("layers.")
-                .and_then(|rest| rest.split_once('.'))
-                .and_then(|(i, short)| Some((i.parse::<usize>().ok()?, short)))
-                .expect("names come from tensors()");
-            let short = self.layers[layer]
-                .state()
-                .into_iter()
-                .map(|(n, _)| n)
-                .find(|n| *n == short)
-                .expect("names come from tensors()");
-            let t = Tensor::from_f32(now.dims().to_vec(), data.clone(), &self.device)?;
-            replaced.push((layer, short, t));
         }
         for (layer, name, t) in replaced {
             self.layers[layer].set_state(name, t)?;
@@ -1716,7 +1711,9 @@ impl Model {
                     ));
                 }
                 let values: Vec<f32> = bytemuck::pod_collect_to_vec(view.data());
-                check_loaded_values(path, &key, name, &values)?;
+                if let Some(reason) = invalid_state_values(&key, name, &values) {
+                    return Err(file_err(path, reason));
+                }
                 loaded.push((
                     i,
                     name,
@@ -1731,30 +1728,25 @@ impl Model {
     }
 }
 
-/// A file's tensor `key` (state `name` of its layer) as a trained model
-/// could hold it: every value finite, a running variance not negative.
-fn check_loaded_values(path: &Path, key: &str, name: &str, values: &[f32]) -> Result<()> {
+/// Why `values` cannot be tensor `key` (state `name` of its layer) of a
+/// trained model, if they cannot: a value not finite, a negative running
+/// variance. Files and [`Model::set_tensors`] are held to it alike.
+fn invalid_state_values(key: &str, name: &str, values: &[f32]) -> Option<String> {
     if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-        return Err(file_err(
-            path,
-            format!(
-                "tensor {key} holds {} at index {i}, not a finite value",
-                values[i]
-            ),
+        return Some(format!(
+            "tensor {key} holds {} at index {i}, not a finite value",
+            values[i]
         ));
     }
     if name == "running_var"
         && let Some(i) = values.iter().position(|&v| v < 0.0)
     {
-        return Err(file_err(
-            path,
-            format!(
-                "tensor {key} holds the negative variance {} at index {i}",
-                values[i]
-            ),
+        return Some(format!(
+            "tensor {key} holds the negative variance {} at index {i}",
+            values[i]
         ));
     }
-    Ok(())
+    None
 }
 
 fn file_err(path: &Path, reason: String) -> AetherError {
