@@ -329,6 +329,28 @@ impl Tensor {
     /// device's limits is [`AetherError::TooLarge`]; an allocation the device
     /// refuses (caught in a wgpu error scope) is [`AetherError::Allocation`].
     pub(crate) fn uninit_gpu(ctx: &Arc<GpuContext>, shape: Shape, dtype: DType) -> Result<Self> {
+        Self::uninit_gpu_from(ctx, shape, dtype, true)
+    }
+
+    /// [`Tensor::uninit_gpu`] in a new buffer, never a recycled one: for a
+    /// tensor made once in the middle of a pass and kept across calls (a
+    /// layer's f16 weight shadow). Taking a free buffer would leave the next
+    /// call's transient tensors a different free list, so they would meet
+    /// different buffers and build new bind groups once more.
+    pub(crate) fn uninit_gpu_kept(
+        ctx: &Arc<GpuContext>,
+        shape: Shape,
+        dtype: DType,
+    ) -> Result<Self> {
+        Self::uninit_gpu_from(ctx, shape, dtype, false)
+    }
+
+    fn uninit_gpu_from(
+        ctx: &Arc<GpuContext>,
+        shape: Shape,
+        dtype: DType,
+        recycle: bool,
+    ) -> Result<Self> {
         let what = || format!("tensor of shape {:?} ({dtype:?})", shape.dims());
         // Past u64 (only for shapes near usize::MAX) is past every limit.
         let bytes = shape
@@ -351,7 +373,12 @@ impl Tensor {
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST;
         // A recycled buffer cannot fail: error scopes only around a new one.
-        let buffer = match ctx.pool().recycle(bytes, usage) {
+        let recycled = if recycle {
+            ctx.pool().recycle(bytes, usage)
+        } else {
+            None
+        };
+        let buffer = match recycled {
             Some(buffer) => buffer,
             None => new_buffer(ctx, bytes, usage, what)?,
         };

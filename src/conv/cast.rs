@@ -5,12 +5,14 @@
 //! and inputs cast unclipped. If that kernel fails to compile, the two-dispatch
 //! fallback (the single-tensor cast twice) is used after one `[aether]` warning.
 
+use std::sync::Arc;
+
 use half::f16;
 use rayon::prelude::*;
 
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::{DType, Shape, Tensor};
 
 const F16_BITS: &str = include_str!("../../shaders/conv/f16_bits.wgsl");
 const BACKWARD_CAST: &str = include_str!("../../shaders/conv/backward_cast.wgsl");
@@ -36,6 +38,20 @@ fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
 
 /// `x` as f16, clipped to +-65504 first when `clip` is set.
 pub fn cast_f16(x: &Tensor, clip: bool) -> Result<Tensor> {
+    cast_f16_from(x, clip, Tensor::uninit_gpu)
+}
+
+/// [`cast_f16`] for a result kept across calls (a weight's f16 shadow), in a
+/// new buffer rather than a recycled one (see [`Tensor::uninit_gpu_kept`]).
+pub(crate) fn cast_f16_kept(x: &Tensor, clip: bool) -> Result<Tensor> {
+    cast_f16_from(x, clip, Tensor::uninit_gpu_kept)
+}
+
+fn cast_f16_from(
+    x: &Tensor,
+    clip: bool,
+    alloc: fn(&Arc<GpuContext>, Shape, DType) -> Result<Tensor>,
+) -> Result<Tensor> {
     require_f32("cast_f16", x)?;
     if let Some(data) = x.host_f32() {
         let prepare = if clip {
@@ -54,7 +70,7 @@ pub fn cast_f16(x: &Tensor, clip: bool) -> Result<Tensor> {
     let pipeline = ctx
         .pipelines()
         .require(&key, "main", || [F16_BITS, CAST].concat().into())?;
-    let out = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F16)?;
+    let out = alloc(ctx, x.shape().clone(), DType::F16)?;
     let (grid, row_stride) = group_grid(ctx, x.numel().div_ceil(GROUP));
     let params = [x.numel() as u32, row_stride];
     ctx.dispatch(

@@ -23,6 +23,7 @@ pub mod halo;
 mod im2col;
 
 pub use cast::{cast_f16, clip_f16_range, conv_backward_cast_fp16};
+pub(crate) use cast::cast_f16_kept;
 pub use common::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
     PlannedLaunch,

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use super::init::{dirac_leading_filters, he_normal};
 use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc, state_size};
 use crate::conv::{
-    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
+    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, cast_f16_kept,
+    conv_backward_cast_fp16,
     conv2d_forward,
     dinput::{conv2d_dinput_flipped, flipped_filter_target},
     dweight::conv2d_dweight_into,
@@ -138,7 +139,7 @@ impl Conv2d {
             return Ok(w.kernel.clone());
         }
         if w.kernel_f16.is_none() {
-            w.kernel_f16 = Some(cast_f16(&w.kernel, true)?);
+            w.kernel_f16 = Some(cast_f16_kept(&w.kernel, true)?);
         }
         Ok(w.kernel_f16.clone().expect("set above"))
     }
