@@ -32,7 +32,7 @@ const ADAM: &str = concat!(
 /// The Adam step that also writes the f16 mirror of the parameters.
 const ADAM_F16: &str = concat!(
     "enable f16;\n",
-    include_str!("../shaders/conv/f16_bits.wgsl"),
+    include_str!("../shaders/common/f16_bits.wgsl"),
     include_str!("../shaders/optim/segments.wgsl"),
     include_str!("../shaders/optim/adam_update.wgsl"),
     include_str!("../shaders/optim/adam_f16.wgsl")

@@ -13,7 +13,7 @@
 
 mod common;
 
-use aether::conv::halo::GROUPS_PER_UNIT;
+use aether::conv::forward::halo::GROUPS_PER_UNIT;
 use aether::conv::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
     conv2d_dinput, conv2d_dinput_flipped, conv2d_dweight, conv2d_forward, dinput_flipped_filter,

@@ -1,23 +1,23 @@
 //! The halo kernels' blocks that only the tuning overrides pick (as the
 //! `tools/gpu-sweep-*.sh` scripts pin them) against the f64 direct convolution, on
 //! the coop variants, and a malformed override as an error. Each block is
-//! pinned through its environment variable, so this binary holds a single
-//! test, which sets the variables in turn while no other thread reads the
-//! environment. A pinned block that does not fit its shape warns as the GEMM
-//! core runs instead.
+//! pinned through [`ConvTuning`] in the options of a context of its own, as
+//! `GpuOptions::from_env` reads the variables. A pinned block that does not
+//! fit its shape warns as the GEMM core runs instead.
 //!
 //! Bound (norm-relative, f16 operands): 5e-3.
 
 mod common;
 
-use aether::conv::coop::BLOCK_ENV;
-use aether::conv::dweight_halo::DWEIGHT_HALO_ENV;
-use aether::conv::halo::{HALO_ENV, STACK_ENV, TAP_BUFFERS_ENV};
+use aether::conv::dweight::halo::DWEIGHT_HALO_ENV;
+use aether::conv::forward::halo::{HALO_ENV, STACK_ENV, TAP_BUFFERS_ENV};
+use aether::conv::gemm::coop::BLOCK_ENV;
 use aether::conv::{
-    ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding,
-    conv2d_dinput, conv2d_dweight, conv2d_forward,
+    ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvTuning, ConvVariant,
+    Padding, conv2d_dinput, conv2d_dweight, conv2d_forward,
 };
-use aether::{AetherError, Tensor};
+use aether::gpu::{DevicePreference, GpuOptions};
+use aether::{AetherError, Device, Tensor};
 use common::conv_reference::{self as reference, norm_rel_error};
 use common::{Rng, report};
 
@@ -104,6 +104,7 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
         let w = rng.vec(meta.k * meta.c_out);
         let b = rng.vec(meta.c_out);
         let dy = rng.vec(meta.m * meta.c_out);
+        let device = pinned_device(pin.vars);
         let tensor = |dims: &[usize], data: &[f32]| {
             Tensor::from_f32(dims.to_vec(), data.to_vec(), &device).unwrap()
         };
@@ -124,11 +125,6 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
             .map(|(var, value)| format!("{var}={value}"))
             .collect::<Vec<_>>()
             .join(" ");
-        for (var, value) in pin.vars {
-            // SAFETY: this binary's only test; nothing else reads the
-            // environment while it changes.
-            unsafe { std::env::set_var(var, value) };
-        }
         for &variant in &coop {
             let ctx = format!("{pinned} [{}] seed {}", variant.name(), rng.seed);
             // Fresh plans: each reads the pinned block as it is planned.
@@ -147,10 +143,6 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
                 .any(|(d, _, plan)| *d == pin.direction && (pin.ran)(plan));
             assert!(ran, "{ctx}: the pinned block did not run ({summary:?})");
         }
-        for (var, _) in pin.vars {
-            // SAFETY: as above.
-            unsafe { std::env::remove_var(var) };
-        }
         report(&format!("[aether-test] {pinned}: ok"));
     }
     // A pinned halo block that does not fit the shape (8 channel tiles: 64 or
@@ -162,8 +154,7 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
     let w = rng.vec(meta.k * meta.c_out);
     let b = rng.vec(meta.c_out);
     let want = reference::forward(&meta, &x, &w, &b);
-    // SAFETY: as above.
-    unsafe { std::env::set_var(HALO_ENV, pin) };
+    let device = pinned_device(&[(HALO_ENV, pin)]);
     for &variant in &coop {
         let plans = ConvPlans::forcing(variant);
         let before = aether::diagnostics::warnings().len();
@@ -193,11 +184,10 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
             .any(|w| w.contains(&format!("{HALO_ENV}={pin}")) && w.contains("GEMM core runs it"));
         assert!(warned, "{ctx}: the declined pin did not warn");
     }
-    // SAFETY: as above.
-    unsafe { std::env::remove_var(HALO_ENV) };
     // A GEMM block no parser accepts stops the conv with an error naming the
     // variable, rather than quietly running the next variant.
     let meta = ConvShapeMeta::new([1, 4, 4, 8], &ConvParams::new(8, 1, Padding::Same)).unwrap();
+    let device = pinned_device(&[(BLOCK_ENV, "9x9x9x9x9")]);
     let mut tensor = |dims: &[usize]| {
         let data = rng.vec(dims.iter().product());
         Tensor::from_f32(dims.to_vec(), data, &device).unwrap()
@@ -207,8 +197,6 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
         tensor(&meta.weight_dims()),
         tensor(&[8]),
     );
-    // SAFETY: as above.
-    unsafe { std::env::set_var(BLOCK_ENV, "9x9x9x9x9") };
     let result = conv2d_forward(
         &x,
         &w,
@@ -216,12 +204,22 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
         &ConvParams::new(8, 1, Padding::Same),
         &ConvPlans::new(),
     );
-    // SAFETY: as above.
-    unsafe { std::env::remove_var(BLOCK_ENV) };
     match result {
         Err(AetherError::InvalidEnv { var, .. }) => assert_eq!(var, BLOCK_ENV),
         other => panic!("{BLOCK_ENV}=9x9x9x9x9: expected InvalidEnv, got {other:?}"),
     }
+}
+
+/// A GPU device of its own whose planner has `vars` set as tuning overrides.
+fn pinned_device(vars: &[(&str, &str)]) -> Device {
+    let tuning = vars.iter().fold(ConvTuning::default(), |t, (var, value)| {
+        t.set(var, *value).unwrap()
+    });
+    let options = GpuOptions {
+        conv_tuning: tuning,
+        ..common::test_gpu_options()
+    };
+    Device::with_preference(DevicePreference::Gpu, &options).unwrap()
 }
 
 /// The forward, dweight, dbias and dinput of `meta` through `plans`.

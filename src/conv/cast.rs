@@ -14,9 +14,9 @@ use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::tensor::{DType, Shape, Tensor};
 
-const F16_BITS: &str = include_str!("../../shaders/conv/f16_bits.wgsl");
-const BACKWARD_CAST: &str = include_str!("../../shaders/conv/backward_cast.wgsl");
-const CAST: &str = include_str!("../../shaders/conv/cast.wgsl");
+const F16_BITS: &str = include_str!("../../shaders/common/f16_bits.wgsl");
+const BACKWARD_CAST: &str = include_str!("../../shaders/conv/cast/backward_cast.wgsl");
+const CAST: &str = include_str!("../../shaders/conv/cast/cast.wgsl");
 const WORKGROUP: u32 = 256;
 /// Elements per invocation: two 16-byte loads of f32, one 16-byte store of f16.
 /// Pooled buffers come in 256-byte granules, so the last group's vector loads

@@ -12,6 +12,7 @@ use super::faults::Faults;
 use super::options::GpuOptions;
 use super::pipelines::PipelineCache;
 use super::pool::BufferPool;
+use crate::conv::ConvTuning;
 use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
 
@@ -31,6 +32,8 @@ pub struct GpuContext {
     batch: Mutex<Batch>,
     bind_groups: BindGroupCache,
     faults: Arc<Faults>,
+    /// The conv planner's tuning overrides, from the options it was made with.
+    conv_tuning: ConvTuning,
     /// Unique among the process's contexts: what a cache of anything made
     /// for one context (conv launch plans) keys it by.
     id: u64,
@@ -191,8 +194,14 @@ impl GpuContext {
             batch: Mutex::default(),
             bind_groups: BindGroupCache::default(),
             faults,
+            conv_tuning: options.conv_tuning.clone(),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }))
+    }
+
+    /// The conv planner's tuning overrides ([`GpuOptions::conv_tuning`]).
+    pub fn conv_tuning(&self) -> &ConvTuning {
+        &self.conv_tuning
     }
 
     /// This context's id, unique in the process (never reused).

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::conv::ConvTuning;
 use crate::error::{AetherError, Result};
 
 /// Which device `Device::best()` should produce (`AETHER_DEVICE`).
@@ -66,6 +67,10 @@ pub struct GpuOptions {
     /// [`PipelineCache::built_shaders`](super::PipelineCache::built_shaders):
     /// the portability test translates them for every backend.
     pub record_shaders: bool,
+    /// The conv planner's tuning overrides (sweeps, comparisons): empty by
+    /// default; [`GpuOptions::from_env`] takes the `AETHER_*` tuning
+    /// variables set in the environment (docs/tuning.md).
+    pub conv_tuning: ConvTuning,
 }
 
 impl GpuOptions {
@@ -102,6 +107,7 @@ impl GpuOptions {
             max_buffer_bytes: None,
             fail_allocations_over: None,
             record_shaders: false,
+            conv_tuning: ConvTuning::from_env(),
         })
     }
 

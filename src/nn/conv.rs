@@ -11,8 +11,7 @@ use super::init::{dirac_leading_filters, he_normal};
 use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc, state_size};
 use crate::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, cast_f16_kept,
-    conv_backward_cast_fp16,
-    conv2d_forward,
+    conv_backward_cast_fp16, conv2d_forward,
     dinput::{conv2d_dinput_flipped, flipped_filter_target},
     dweight::conv2d_dweight_into,
 };

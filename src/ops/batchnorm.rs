@@ -39,7 +39,7 @@ const FINALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_finalize
 const RELU_BITS: &str = include_str!("../../shaders/ops/relu_bits.wgsl");
 const NORMALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_normalize.wgsl");
 const BACKWARD_DX_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl");
-const F16_BITS: &str = include_str!("../../shaders/conv/f16_bits.wgsl");
+const F16_BITS: &str = include_str!("../../shaders/common/f16_bits.wgsl");
 const RUNNING_SHADER: &str = include_str!("../../shaders/ops/batchnorm_running.wgsl");
 const GATE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_gate.wgsl");
 

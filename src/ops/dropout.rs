@@ -28,7 +28,7 @@ use crate::tensor::{DType, Tensor};
 const SHADER: &str = concat!(
     include_str!("../../shaders/ops/philox.wgsl"),
     include_str!("../../shaders/ops/spatial_mask.wgsl"),
-    include_str!("../../shaders/conv/f16_bits.wgsl"),
+    include_str!("../../shaders/common/f16_bits.wgsl"),
     include_str!("../../shaders/ops/dropout.wgsl")
 );
 

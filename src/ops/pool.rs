@@ -41,7 +41,7 @@ const MAX_FORWARD_DROPOUT: &str = concat!(
     include_str!("../../shaders/ops/philox.wgsl"),
     include_str!("../../shaders/ops/spatial_mask.wgsl"),
     include_str!("../../shaders/ops/pool_mask.wgsl"),
-    include_str!("../../shaders/conv/f16_bits.wgsl"),
+    include_str!("../../shaders/common/f16_bits.wgsl"),
     include_str!("../../shaders/ops/pool_max_forward.wgsl"),
     include_str!("../../shaders/ops/pool_max_forward_dropout.wgsl")
 );

@@ -1,20 +1,28 @@
 //! Forward convolution: `Out[M, C_out] = im2col(X)[M, K] x W[K, C_out] + bias`.
 
+// The halo kernel of stride-1 convs: public for the tests and benches.
+#[doc(hidden)]
+pub mod halo;
+
 use rayon::prelude::*;
 
-use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, DirectC,
-    GEMM_RUN, GemmRuns, IM2COL, accepts_operand, buf, expect_dims, gpu_operand, host_values,
-    plan_first, same_device,
+use crate::conv::cpu::{Mat, gemm, im2col_image, rows_per_image};
+use crate::conv::gemm::{ConvKernel, DirectC, GEMM_RUN, GemmRuns, IM2COL};
+use crate::conv::operands::{
+    accepts_operand, buf, expect_dims, gpu_operand, host_values, same_device,
 };
-use super::halo::Narrow;
-use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
+use crate::conv::plan::{ConvDirection, ConvLaunchPlan, ConvPlans, plan_first};
+use crate::conv::shape::{ConvParams, ConvShapeMeta};
 use crate::error::{AetherError, Result};
 use crate::tensor::{DType, Shape, Tensor};
+use halo::Narrow;
 
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_forward",
-    parts: &[IM2COL, include_str!("../../shaders/conv/forward.wgsl")],
+    parts: &[
+        IM2COL,
+        include_str!("../../../shaders/conv/forward/forward.wgsl"),
+    ],
     gemm: Some(GemmRuns {
         a: "x",
         b: "w",
@@ -76,7 +84,7 @@ pub fn conv2d_forward(
             )?;
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.
-            let halo = gemm.with_halo(&meta, ctx.caps(), Narrow::FORWARD);
+            let halo = gemm.with_halo(&meta, ctx.caps(), ctx.conv_tuning(), Narrow::FORWARD);
             let compiles = || {
                 KERNEL
                     .pipeline_for_inputs(ctx, &halo, &meta, &x_f32)

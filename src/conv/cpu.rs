@@ -2,7 +2,7 @@
 //! Images are processed independently (and in parallel by the callers), so the
 //! column buffer never holds more than one image.
 
-use super::common::ConvShapeMeta;
+use crate::conv::shape::ConvShapeMeta;
 
 /// Rows of the im2col matrix per image: one per output position.
 pub(crate) fn rows_per_image(meta: &ConvShapeMeta) -> usize {

@@ -1,10 +1,12 @@
 //! The cooperative-matrix GEMM core's block geometry: how many subgroups a
 //! workgroup has, how many tiles each owns, how deep a staged step is, and the
-//! WGSL written from it (shaders/conv/coop_gemm.wgsl has the rest).
+//! WGSL written from it (shaders/conv/gemm/coop.wgsl has the rest).
 
 use std::fmt;
 
-use super::common::{ConvDirection, DirectC};
+use crate::conv::gemm::DirectC;
+use crate::conv::plan::ConvDirection;
+use crate::conv::tuning::ConvTuning;
 use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
 use crate::gpu::GpuCapabilities;
@@ -114,16 +116,17 @@ impl CoopBlock {
         direction: ConvDirection,
         [rows, cols, depth]: [usize; 3],
         caps: &GpuCapabilities,
+        tuning: &ConvTuning,
         direct_span: Option<[usize; 2]>,
     ) -> Result<Self> {
-        let pinned = match std::env::var(BLOCK_ENV) {
-            Ok(text) => Self::from_env(tile, direction, &text).ok_or(AetherError::InvalidEnv {
+        let pinned = match tuning.get(BLOCK_ENV) {
+            Some(text) => Self::from_env(tile, direction, text).ok_or(AetherError::InvalidEnv {
                 var: BLOCK_ENV,
-                value: text,
+                value: text.to_owned(),
                 expected: "SG_MxSG_NxTMxTNxKT, each 1..=8 (e.g. 2x2x2x2x2), or \
                            direction=block pairs (e.g. dweight=2x1x2x2x4,forward=4x2x4x2x2)",
             })?,
-            Err(_) => None,
+            None => None,
         };
         let candidates = match pinned {
             Some(block) => vec![block],
@@ -403,7 +406,7 @@ pub(crate) fn fill_template(template: &str, header: String, pieces: &[(&str, Str
 mod tests {
     use super::*;
 
-    const TEMPLATE: &str = include_str!("../../shaders/conv/coop_gemm.wgsl");
+    const TEMPLATE: &str = include_str!("../../../shaders/conv/gemm/coop.wgsl");
 
     #[test]
     fn every_generated_piece_is_filled_in() {
@@ -472,7 +475,7 @@ mod tests {
 
     #[test]
     fn blocks_storing_straight_into_c_need_no_scratch_room() {
-        let caps = crate::conv::halo::tests::caps();
+        let caps = crate::conv::forward::halo::tests::caps();
         // 16 subgroups of 4x2 tiles: 30 KiB staged, 20 KiB more of scratch.
         let big = CoopBlock {
             tile: 16,
@@ -493,6 +496,7 @@ mod tests {
                 ConvDirection::Forward,
                 [4096, 4096, 4096],
                 &caps,
+                &ConvTuning::default(),
                 direct_span,
             )
         };

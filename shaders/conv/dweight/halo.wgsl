@@ -19,7 +19,7 @@
 // chunk (every matrix store is unconditional: naga wants them in uniform
 // control flow), of which dweight_reduce.wgsl reads row K.
 //
-// Written in by the host (src/conv/halo.rs): T, SUBGROUP, BH, BW, HALO_H,
+// Written in by the host (src/conv/forward/halo.rs): T, SUBGROUP, BH, BW, HALO_H,
 // HALO_W, TAPS (= R * S), BIAS_ROWS, and the pieces marked `// generated:`.
 
 const CB: u32 = 2u * T;

@@ -1,10 +1,11 @@
-//! The forward conv's halo kernel (shaders/conv/forward_halo.wgsl): for
+//! The forward conv's halo kernel (shaders/conv/forward/halo.wgsl): for
 //! stride-1, undilated convs on the cooperative-matrix variant, MMAs read
 //! straight from a staged input tile instead of the GEMM core's im2col
 //! staging. This module decides where it applies and writes its WGSL.
 
-use super::common::ConvShapeMeta;
-use super::coop::{const_lines, fill_template, multiply_adds};
+use crate::conv::gemm::coop::{const_lines, fill_template, multiply_adds};
+use crate::conv::shape::ConvShapeMeta;
+use crate::conv::tuning::ConvTuning;
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
@@ -115,8 +116,9 @@ fn block_sizes(
     tile: u32,
     images: u32,
     narrow: Narrow,
+    tuning: &ConvTuning,
 ) -> std::result::Result<Vec<BlockSize>, String> {
-    let Ok(text) = std::env::var(HALO_ENV) else {
+    let Some(text) = tuning.get(HALO_ENV) else {
         let step = if taps.is_multiple_of(TAPS) { TAPS } else { row } as u32;
         if images > 1 {
             let positions = tile as usize;
@@ -136,7 +138,7 @@ fn block_sizes(
             })
             .collect());
     };
-    match parse_block(&text) {
+    match parse_block(text) {
         Some(size) => Ok(vec![size]),
         _ if text == "0" => Err(format!("{HALO_ENV}=0")),
         _ => {
@@ -177,14 +179,14 @@ fn parse_block(text: &str) -> Option<BlockSize> {
 /// adapter's count is known; with the tuning override K, K per unit both
 /// (estimated where the count is not known); `u32::MAX` both (one workgroup
 /// per block) otherwise or with K = 0.
-fn group_bounds(caps: &GpuCapabilities) -> [u32; 2] {
-    let per_unit = match std::env::var(GROUPS_ENV) {
-        Err(_) => {
+fn group_bounds(caps: &GpuCapabilities, tuning: &ConvTuning) -> [u32; 2] {
+    let per_unit = match tuning.get(GROUPS_ENV) {
+        None => {
             return caps.known_compute_units().map_or([u32::MAX; 2], |units| {
                 [units, GROUPS_PER_UNIT.saturating_mul(units)]
             });
         }
-        Ok(text) => match text.trim().parse::<u32>() {
+        Some(text) => match text.trim().parse::<u32>() {
             Ok(per_unit) => per_unit,
             Err(_) => {
                 warn_once(
@@ -208,12 +210,16 @@ fn group_bounds(caps: &GpuCapabilities) -> [u32; 2] {
 /// Images a position tile stacks at `tile` for `meta`: the tile where the
 /// tuning override says `1`, 1 where it says `0`; unset, the tile for an
 /// output narrower than a tile, else 1.
-fn stacked_images(tile: u32, meta: &ConvShapeMeta) -> std::result::Result<u32, String> {
-    match std::env::var(STACK_ENV).as_deref().map(str::trim) {
-        Err(_) if meta.w_out < tile as usize => Ok(tile),
-        Err(_) | Ok("0") => Ok(1),
-        Ok("1") => Ok(tile),
-        Ok(text) => Err(turns_halo_off(STACK_ENV, text, "neither 0 nor 1")),
+fn stacked_images(
+    tile: u32,
+    meta: &ConvShapeMeta,
+    tuning: &ConvTuning,
+) -> std::result::Result<u32, String> {
+    match tuning.get(STACK_ENV).map(str::trim) {
+        None if meta.w_out < tile as usize => Ok(tile),
+        None | Some("0") => Ok(1),
+        Some("1") => Ok(tile),
+        Some(text) => Err(turns_halo_off(STACK_ENV, text, "neither 0 nor 1")),
     }
 }
 
@@ -244,13 +250,13 @@ pub(crate) fn warn_pin_declined(
 /// The settings that pin the forward's halo blocks (a well-formed
 /// `AETHER_FORWARD_HALO`, `AETHER_HALO_STACK=1`), or `None`: `0` pins nothing,
 /// and malformed values have warned already.
-pub(crate) fn forward_pin() -> Option<String> {
-    let block = std::env::var(HALO_ENV)
-        .ok()
+pub(crate) fn forward_pin(tuning: &ConvTuning) -> Option<String> {
+    let block = tuning
+        .get(HALO_ENV)
         .filter(|v| parse_block(v.trim()).is_some())
         .map(|v| format!("{HALO_ENV}={v}"));
-    let stacked = std::env::var(STACK_ENV)
-        .ok()
+    let stacked = tuning
+        .get(STACK_ENV)
         .filter(|v| v.trim() == "1")
         .map(|v| format!("{STACK_ENV}={v}"));
     let pin: Vec<String> = block.into_iter().chain(stacked).collect();
@@ -440,12 +446,13 @@ impl HaloBlock {
         tile: u32,
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
+        tuning: &ConvTuning,
         narrow: Narrow,
     ) -> std::result::Result<Self, String> {
-        let images = stacked_images(tile, meta)?;
+        let images = stacked_images(tile, meta, tuning)?;
         let mut declined = Vec::new();
-        for size in block_sizes(meta.r * meta.s, meta.s, tile, images, narrow)? {
-            match Self::fit_size(tile, meta, caps, images, size) {
+        for size in block_sizes(meta.r * meta.s, meta.s, tile, images, narrow, tuning)? {
+            match Self::fit_size(tile, meta, (caps, tuning), images, size) {
                 Ok(block) => return Ok(block),
                 Err(why) => declined.push(why),
             }
@@ -461,7 +468,7 @@ impl HaloBlock {
     fn fit_size(
         tile: u32,
         meta: &ConvShapeMeta,
-        caps: &GpuCapabilities,
+        (caps, tuning): (&GpuCapabilities, &ConvTuning),
         images: u32,
         (positions, block_tiles, taps_per_step, subgroups, columns, chunk): BlockSize,
     ) -> std::result::Result<Self, String> {
@@ -519,12 +526,12 @@ impl HaloBlock {
             halo: [chunk, rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             tap_rows: taps_per_step * chunk as u32,
             images,
-            groups: group_bounds(caps),
+            groups: group_bounds(caps, tuning),
             tap_buffers: 1,
         };
         runs_subgroups(caps, subgroups)?;
         fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, HALO_ENV)?;
-        let block = block.with_tap_buffers(caps)?;
+        let block = block.with_tap_buffers(caps, tuning)?;
         let blocks = block.grid(meta)[0];
         if blocks > caps.limits.max_compute_workgroups_per_dimension as usize {
             return Err(format!("{blocks} blocks"));
@@ -560,16 +567,20 @@ impl HaloBlock {
     /// This block with the tap buffers [`TAP_BUFFERS_ENV`] asks for, or the
     /// rule's: two where they fit the adapter's workgroup memory (beyond the
     /// rule's bytes, which choose the block), else one.
-    fn with_tap_buffers(self, caps: &GpuCapabilities) -> std::result::Result<Self, String> {
+    fn with_tap_buffers(
+        self,
+        caps: &GpuCapabilities,
+        tuning: &ConvTuning,
+    ) -> std::result::Result<Self, String> {
         let two = Self {
             tap_buffers: 2,
             ..self
         };
         let fits = two.workgroup_bytes() <= caps.limits.max_compute_workgroup_storage_size as usize;
-        match std::env::var(TAP_BUFFERS_ENV).as_deref().map(str::trim) {
-            Err(_) | Ok("2") if fits => Ok(two),
-            Err(_) | Ok("1") | Ok("2") => Ok(self),
-            Ok(text) => Err(turns_halo_off(TAP_BUFFERS_ENV, text, "neither 1 nor 2")),
+        match tuning.get(TAP_BUFFERS_ENV).map(str::trim) {
+            None | Some("2") if fits => Ok(two),
+            None | Some("1") | Some("2") => Ok(self),
+            Some(text) => Err(turns_halo_off(TAP_BUFFERS_ENV, text, "neither 1 nor 2")),
         }
     }
 
@@ -694,7 +705,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::conv::{ConvParams, Padding};
 
-    const TEMPLATE: &str = include_str!("../../shaders/conv/forward_halo.wgsl");
+    const TEMPLATE: &str = include_str!("../../../shaders/conv/forward/halo.wgsl");
 
     #[test]
     fn every_generated_piece_is_filled_in() {
@@ -771,7 +782,8 @@ pub(crate) mod tests {
         let large = meta([256, 56, 56, 64], 64);
         let conv3 = meta([256, 16, 16, 32], 64);
         // An unknown discrete adapter: one workgroup per block.
-        let block = HaloBlock::fit(16, &large, &caps(), Narrow::FORWARD).unwrap();
+        let block =
+            HaloBlock::fit(16, &large, &caps(), &ConvTuning::default(), Narrow::FORWARD).unwrap();
         assert_eq!(block.grid(&large), [block.blocks(&large), 1, 1]);
         // An H200's 132 units: 2 workgroups each over the large shape's
         // 3584 blocks; over the v1 32 -> 64 conv's 256 blocks one each, so
@@ -780,12 +792,14 @@ pub(crate) mod tests {
             adapter_name: "NVIDIA H200".into(),
             ..caps()
         };
-        let block = HaloBlock::fit(16, &large, &h200, Narrow::FORWARD).unwrap();
+        let block =
+            HaloBlock::fit(16, &large, &h200, &ConvTuning::default(), Narrow::FORWARD).unwrap();
         assert_eq!(
             (block.blocks(&large), block.grid(&large)),
             (3584, [264, 1, 1])
         );
-        let block = HaloBlock::fit(16, &conv3, &h200, Narrow::FORWARD).unwrap();
+        let block =
+            HaloBlock::fit(16, &conv3, &h200, &ConvTuning::default(), Narrow::FORWARD).unwrap();
         assert_eq!(
             (block.blocks(&conv3), block.grid(&conv3)),
             (256, [132, 1, 1])
@@ -801,7 +815,8 @@ pub(crate) mod tests {
         };
         let caps = caps();
         let conv2 = meta([256, 32, 32, 32], 32);
-        let block = HaloBlock::fit(16, &conv2, &caps, Narrow::FORWARD).unwrap();
+        let block =
+            HaloBlock::fit(16, &conv2, &caps, &ConvTuning::default(), Narrow::FORWARD).unwrap();
         assert_eq!((block.rows, block.cols, block.position_tiles), (8, 32, 2));
         assert_eq!((block.subgroups, block.channel_tiles), ([8, 2], 1));
         // 10 x 34 pixels of 40 halves, two buffers of 3 x 32 tap rows of 40
@@ -813,7 +828,8 @@ pub(crate) mod tests {
         // channels: 18 x 18 pixels of 40 halves, 3 x 32 tap rows of 72 (a
         // second buffer of taps would pass 48 KiB).
         let conv3 = meta([256, 16, 16, 32], 64);
-        let block = HaloBlock::fit(16, &conv3, &caps, Narrow::FORWARD).unwrap();
+        let block =
+            HaloBlock::fit(16, &conv3, &caps, &ConvTuning::default(), Narrow::FORWARD).unwrap();
         assert_eq!((block.rows, block.cols, block.subgroups), (16, 16, [8, 2]));
         assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
         assert_eq!(block.tap_buffers, 1);
@@ -821,32 +837,45 @@ pub(crate) mod tests {
         assert_eq!(block.grid(&conv3), [256, 1, 1]);
         // 64 -> 64 stages 32 input channels at a time: the same sizes.
         let conv4 = meta([256, 16, 16, 64], 64);
-        let block = HaloBlock::fit(16, &conv4, &caps, Narrow::FORWARD).unwrap();
+        let block =
+            HaloBlock::fit(16, &conv4, &caps, &ConvTuning::default(), Narrow::FORWARD).unwrap();
         assert_eq!(block.halo, [32, 18, 18]);
         assert_eq!(block.workgroup_bytes(), (18 * 18 * 40 + 96 * 72) * 2);
         // Where the adapter has less workgroup memory, the last rule block.
         let mut small = caps.clone();
         small.limits.max_compute_workgroup_storage_size = 32 * 1024;
-        let block = HaloBlock::fit(16, &conv4, &small, Narrow::FORWARD).unwrap();
+        let block =
+            HaloBlock::fit(16, &conv4, &small, &ConvTuning::default(), Narrow::FORWARD).unwrap();
         assert_eq!((block.rows, block.cols, block.channel_tiles), (8, 16, 2));
         assert_eq!(block.workgroup_bytes(), (10 * 18 * 40 + 2 * 96 * 40) * 2);
         // The large bench shape, 56 wide: 4 whole rows a block, tiles from
         // columns 0, 16, 32 and 40; 6 x 58 pixels of 40 halves.
         let large = meta([256, 56, 56, 64], 64);
-        let block = HaloBlock::fit(16, &large, &caps, Narrow::FORWARD).unwrap();
+        let block =
+            HaloBlock::fit(16, &large, &caps, &ConvTuning::default(), Narrow::FORWARD).unwrap();
         assert_eq!((block.rows, block.cols, block.tiles_w()), (4, 56, 4));
         assert_eq!(block.workgroup_bytes(), (6 * 58 * 40 + 96 * 72) * 2);
         assert_eq!(block.grid(&large), [256 * 14, 1, 1]);
         // A 1x1 conv shares no taps: the GEMM core runs it.
         let pointwise = ConvShapeMeta::new([1, 64, 64, 64], &ConvParams::new(64, 1, Padding::Same));
-        assert!(HaloBlock::fit(16, &pointwise.unwrap(), &caps, Narrow::FORWARD).is_err());
+        assert!(
+            HaloBlock::fit(
+                16,
+                &pointwise.unwrap(),
+                &caps,
+                &ConvTuning::default(),
+                Narrow::FORWARD
+            )
+            .is_err()
+        );
         // 8 x 8 outputs are narrower than a tile: the forward stacks 16
         // images a tile, 2 rows a block; 4 x 10 pixels of 16 images of 24
         // halves, two buffers of 3 x 16 tap rows of 72; 16 image stacks of 4
         // blocks by 2 of channels. A batch of no whole stacks declines them.
         // Stride 2 has no halo.
         let conv5 = meta([256, 8, 8, 64], 128);
-        let block = HaloBlock::fit(16, &conv5, &caps, Narrow::FORWARD).unwrap();
+        let block =
+            HaloBlock::fit(16, &conv5, &caps, &ConvTuning::default(), Narrow::FORWARD).unwrap();
         assert_eq!((block.images, block.rows, block.cols), (16, 2, 8));
         assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
         assert_eq!((block.halo, block.tiles_w()), ([16, 4, 10], 8));
@@ -858,8 +887,8 @@ pub(crate) mod tests {
         // dinput's transposed conv (128 channels in, 64 out) stacks too, in
         // blocks of 2 channel tiles over 8 subgroups with all 9 taps a step:
         // the same pixels, one buffer of 9 x 16 tap rows of 40 halves.
-        let t = super::super::dinput_halo::transposed(&conv5).unwrap();
-        let block = HaloBlock::fit(16, &t, &caps, Narrow::DINPUT).unwrap();
+        let t = crate::conv::dinput::halo::transposed(&conv5).unwrap();
+        let block = HaloBlock::fit(16, &t, &caps, &ConvTuning::default(), Narrow::DINPUT).unwrap();
         assert_eq!((block.images, block.rows, block.cols), (16, 2, 8));
         assert_eq!((block.position_tiles, block.channel_tiles), (2, 2));
         assert_eq!((block.taps_per_step, block.subgroups), (9, [8, 1]));
@@ -870,12 +899,16 @@ pub(crate) mod tests {
         );
         assert_eq!(block.grid(&t), [64, 2, 1]);
         let ragged = meta([100, 8, 8, 64], 128);
-        assert!(HaloBlock::fit(16, &ragged, &caps, Narrow::FORWARD).is_err());
+        assert!(
+            HaloBlock::fit(16, &ragged, &caps, &ConvTuning::default(), Narrow::FORWARD).is_err()
+        );
         let strided = ConvParams {
             stride: (2, 2),
             ..ConvParams::new(32, 3, Padding::Same)
         };
         let strided = ConvShapeMeta::new([2, 32, 32, 32], &strided).unwrap();
-        assert!(HaloBlock::fit(16, &strided, &caps, Narrow::FORWARD).is_err());
+        assert!(
+            HaloBlock::fit(16, &strided, &caps, &ConvTuning::default(), Narrow::FORWARD).is_err()
+        );
     }
 }

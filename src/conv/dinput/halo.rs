@@ -1,18 +1,19 @@
 //! dinput's halo kernel: for a stride-1, undilated conv, dX is the forward of
 //! the transposed conv, dy convolved with the filter flipped and its channels
 //! swapped. On the cooperative-matrix variant the forward's halo kernel
-//! (src/conv/halo.rs) runs that conv, its MMAs reading a staged tile of dy
+//! (src/conv/forward/halo.rs) runs that conv, its MMAs reading a staged tile of dy
 //! instead of the residue-class gather's per-tap staging. It reads the filter
-//! flipped (shaders/conv/flip_pair.wgsl): written by the same backward's
+//! flipped (shaders/conv/dinput/flip_pair.wgsl): written by the same backward's
 //! dweight reduce where a layer asks for it, else by a small dispatch of its
-//! own first (shaders/conv/flip_filter.wgsl).
+//! own first (shaders/conv/dinput/flip_filter.wgsl).
 
 use std::sync::Arc;
 
-use super::common::{
-    ConvKernel, ConvLaunchPlan, ConvParams, ConvShapeMeta, GEMM_RUN, GemmRuns, IM2COL, Padding, buf,
-};
-use super::halo::Narrow;
+use crate::conv::forward::halo::Narrow;
+use crate::conv::gemm::{ConvKernel, GEMM_RUN, GemmRuns, IM2COL};
+use crate::conv::operands::buf;
+use crate::conv::plan::ConvLaunchPlan;
+use crate::conv::shape::{ConvParams, ConvShapeMeta, Padding};
 use crate::diagnostics::warn_once;
 use crate::error::Result;
 use crate::gpu::{GpuContext, PipelineKey, flat_grid};
@@ -27,7 +28,10 @@ pub const DINPUT_HALO_ENV: &str = "AETHER_DINPUT_HALO";
 /// The transposed conv's kernel: the forward's halo core over dy's bindings.
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_dinput_halo",
-    parts: &[IM2COL, include_str!("../../shaders/conv/dinput_halo.wgsl")],
+    parts: &[
+        IM2COL,
+        include_str!("../../../shaders/conv/dinput/halo.wgsl"),
+    ],
     gemm: Some(GemmRuns {
         a: "x",
         b: "w",
@@ -41,8 +45,8 @@ const KERNEL: ConvKernel = ConvKernel {
 
 /// The flip of one u32 pair of the filter, shared by flip_filter.wgsl and
 /// dweight's reduce (dweight_reduce_flip.wgsl).
-pub(crate) const FLIP_PAIR: &str = include_str!("../../shaders/conv/flip_pair.wgsl");
-const FLIP_FILTER: &str = include_str!("../../shaders/conv/flip_filter.wgsl");
+pub(crate) const FLIP_PAIR: &str = include_str!("../../../shaders/conv/dinput/flip_pair.wgsl");
+const FLIP_FILTER: &str = include_str!("../../../shaders/conv/dinput/flip_filter.wgsl");
 const FLIP_WORKGROUP: u32 = 256;
 
 /// The conv whose forward is `meta`'s input gradient: dy's shape in, the
@@ -85,9 +89,9 @@ pub(crate) fn with_dinput_halo(
     gemm: ConvLaunchPlan,
     meta: &ConvShapeMeta,
 ) -> ConvLaunchPlan {
-    match std::env::var(DINPUT_HALO_ENV) {
-        Ok(text) if text.trim() == "0" => return gemm,
-        Ok(text) => {
+    match ctx.conv_tuning().get(DINPUT_HALO_ENV) {
+        Some(text) if text.trim() == "0" => return gemm,
+        Some(text) => {
             warn_once(
                 &format!("dinput-halo-env:{text}"),
                 &format!(
@@ -95,12 +99,12 @@ pub(crate) fn with_dinput_halo(
                 ),
             );
         }
-        Err(_) => {}
+        None => {}
     }
     let Some(t) = transposed(meta) else {
         return gemm;
     };
-    let halo = gemm.with_halo(&t, ctx.caps(), Narrow::DINPUT);
+    let halo = gemm.with_halo(&t, ctx.caps(), ctx.conv_tuning(), Narrow::DINPUT);
     let compiles = || {
         KERNEL.pipeline(ctx, &halo, &t).is_some()
             && ctx

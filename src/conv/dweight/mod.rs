@@ -3,25 +3,34 @@
 //! Slices are summed by a second pass in a fixed order, so two runs on the same
 //! inputs give bit-identical weights on every backend (no float atomics).
 
+// The halo kernel of stride-1 convs: public for the tests and benches.
+#[doc(hidden)]
+pub mod halo;
+
 use rayon::prelude::*;
 
-use super::cast::conv_backward_cast_fp16;
-use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, GEMM_RUN,
-    GemmRuns, IM2COL, accepts_operand, buf, check_gemm_loops, expect_dims, gpu_operand,
-    host_values, plan_first, same_device,
+use crate::conv::cast::conv_backward_cast_fp16;
+use crate::conv::cpu::{Mat, gemm, im2col_image, rows_per_image};
+use crate::conv::dinput::halo::{FLIP_PAIR, flipped_dims};
+use crate::conv::gemm::{ConvKernel, GEMM_RUN, GemmRuns, IM2COL};
+use crate::conv::operands::{
+    accepts_operand, buf, expect_dims, gpu_operand, host_values, same_device,
 };
-use super::dinput_halo::{FLIP_PAIR, flipped_dims};
-use super::dweight_halo::DWeightHalo;
-use super::im2col::{Mat, gemm, im2col_image, rows_per_image};
+use crate::conv::plan::{ConvDirection, ConvLaunchPlan, ConvPlans, check_gemm_loops, plan_first};
+use crate::conv::shape::{ConvParams, ConvShapeMeta};
+use crate::conv::tuning::ConvTuning;
 use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
 use crate::gpu::flat_grid;
 use crate::tensor::{DType, Shape, Tensor};
+use halo::DWeightHalo;
 
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_dweight",
-    parts: &[IM2COL, include_str!("../../shaders/conv/dweight.wgsl")],
+    parts: &[
+        IM2COL,
+        include_str!("../../../shaders/conv/dweight/dweight.wgsl"),
+    ],
     gemm: Some(GemmRuns {
         a: "x",
         b: "dy",
@@ -32,12 +41,12 @@ const KERNEL: ConvKernel = ConvKernel {
     }),
     f32_inputs: &[],
 };
-const REDUCE_SLICES: &str = include_str!("../../shaders/conv/dweight_reduce.wgsl");
+const REDUCE_SLICES: &str = include_str!("../../../shaders/conv/dweight/reduce.wgsl");
 const REDUCE: ConvKernel = ConvKernel {
     name: "conv_dweight_reduce",
     parts: &[
         REDUCE_SLICES,
-        include_str!("../../shaders/conv/dweight_reduce_main.wgsl"),
+        include_str!("../../../shaders/conv/dweight/reduce_main.wgsl"),
     ],
     gemm: None,
     f32_inputs: &[],
@@ -49,7 +58,7 @@ const REDUCE_FLIP: ConvKernel = ConvKernel {
     parts: &[
         REDUCE_SLICES,
         FLIP_PAIR,
-        include_str!("../../shaders/conv/dweight_reduce_flip.wgsl"),
+        include_str!("../../../shaders/conv/dweight/reduce_flip.wgsl"),
     ],
     gemm: None,
     f32_inputs: &[],
@@ -67,8 +76,8 @@ pub const SPLIT_ENV: &str = "AETHER_DWEIGHT_SPLIT";
 
 /// The workgroups per compute unit `AETHER_DWEIGHT_SPLIT` pins, if set to a
 /// positive count (anything else warns once and keeps the rule).
-pub(crate) fn pinned_split_per_unit() -> Option<u32> {
-    let text = std::env::var(SPLIT_ENV).ok()?;
+pub(crate) fn pinned_split_per_unit(tuning: &ConvTuning) -> Option<u32> {
+    let text = tuning.get(SPLIT_ENV)?;
     match text.trim().parse::<u32>() {
         Ok(per_unit) if per_unit > 0 => Some(per_unit),
         _ => {
@@ -88,8 +97,8 @@ pub(crate) fn pinned_split_per_unit() -> Option<u32> {
 /// workgroups per compute unit (or what [`SPLIT_ENV`] pins), never more slices
 /// than reduction tiles. Aiming higher grows the reduce pass more than it
 /// speeds the GEMM (docs/lab/perf-notes.md).
-pub fn split_k(grid2d: u32, reduction_tiles: u32, compute_units: u32) -> u32 {
-    let per_unit = pinned_split_per_unit().unwrap_or(if grid2d == 1 { 4 } else { 2 });
+pub fn split_k(grid2d: u32, reduction_tiles: u32, compute_units: u32, tuning: &ConvTuning) -> u32 {
+    let per_unit = pinned_split_per_unit(tuning).unwrap_or(if grid2d == 1 { 4 } else { 2 });
     (per_unit * compute_units / grid2d.max(1)).clamp(1, reduction_tiles.max(1))
 }
 
@@ -152,6 +161,7 @@ pub(crate) fn conv2d_dweight_into(
                 plan.workgroups[0] * plan.workgroups[1],
                 reduction_tiles,
                 ctx.caps().estimated_compute_units(),
+                ctx.conv_tuning(),
             );
             // The partial sums must fit one storage binding.
             let slice_bytes = (rows * meta.c_out * 4) as u64;
@@ -176,7 +186,7 @@ pub(crate) fn conv2d_dweight_into(
             plan.split_k = split;
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.
-            let halo = plan.with_dweight_halo(&meta, ctx.caps());
+            let halo = plan.with_dweight_halo(&meta, ctx.caps(), ctx.conv_tuning());
             let compiles = || KERNEL.pipeline(ctx, &halo, &meta).is_some();
             Ok(if halo != plan && compiles() {
                 halo

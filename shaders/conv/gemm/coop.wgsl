@@ -8,7 +8,7 @@
 // inside one contiguous, in-bounds span (channel counts divisible by 8), else 1
 // (element loads, gathered into a Run here).
 //
-// The block geometry is written in by the host (src/conv/coop.rs) as constants:
+// The block geometry is written in by the host (src/conv/gemm/coop.rs) as constants:
 // T (the adapter's tile, 8 or 16), SUBGROUP, SG_M x SG_N subgroups each owning
 // TM x TN tiles, KT tiles of reduction per step, and the run axes. So are the
 // three generated pieces marked `// generated:` below (declaring, multiplying

@@ -1,13 +1,14 @@
-//! dweight's halo kernel (shaders/conv/dweight_halo.wgsl): for stride-1,
+//! dweight's halo kernel (shaders/conv/dweight/halo.wgsl): for stride-1,
 //! undilated convs on the cooperative-matrix variant, the weight gradient's
 //! MMAs read straight from a staged input tile and dy block, instead of the
 //! GEMM core's im2col staging. This module decides where it applies, sizes
 //! its split over blocks of positions and writes its WGSL.
 
-use super::common::ConvShapeMeta;
-use super::coop::{const_lines, fill_template, multiply_adds};
-use super::dweight::pinned_split_per_unit;
-use super::halo::{fits_memory, runs_subgroups, whole_blocks};
+use crate::conv::dweight::pinned_split_per_unit;
+use crate::conv::forward::halo::{fits_memory, runs_subgroups, whole_blocks};
+use crate::conv::gemm::coop::{const_lines, fill_template, multiply_adds};
+use crate::conv::shape::ConvShapeMeta;
+use crate::conv::tuning::ConvTuning;
 use crate::diagnostics::warn_once;
 use crate::gpu::GpuCapabilities;
 
@@ -22,8 +23,8 @@ const BLOCK_POSITIONS: usize = 64;
 const RULE_BYTES: usize = 32 * 1024;
 
 /// The output positions per block: the tuning override, or the rule.
-fn block_positions() -> std::result::Result<usize, String> {
-    let Ok(text) = std::env::var(DWEIGHT_HALO_ENV) else {
+fn block_positions(tuning: &ConvTuning) -> std::result::Result<usize, String> {
+    let Some(text) = tuning.get(DWEIGHT_HALO_ENV) else {
         return Ok(BLOCK_POSITIONS);
     };
     match text.trim().parse::<usize>() {
@@ -43,9 +44,9 @@ fn block_positions() -> std::result::Result<usize, String> {
 }
 
 /// `AETHER_DWEIGHT_HALO=N` where it pins a block of N positions, else `None`.
-pub(crate) fn pin() -> Option<String> {
-    std::env::var(DWEIGHT_HALO_ENV)
-        .ok()
+pub(crate) fn pin(tuning: &ConvTuning) -> Option<String> {
+    tuning
+        .get(DWEIGHT_HALO_ENV)
         .filter(|v| v.trim().parse::<usize>().is_ok_and(|p| p > 0))
         .map(|v| format!("{DWEIGHT_HALO_ENV}={v}"))
 }
@@ -79,8 +80,9 @@ impl DWeightHalo {
         tile: u32,
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
+        tuning: &ConvTuning,
     ) -> std::result::Result<Self, String> {
-        let positions = block_positions()?;
+        let positions = block_positions(tuning)?;
         let t = tile as usize;
         let (rows, cols) = whole_blocks(tile, meta, positions)?;
         if !meta.c_in.is_multiple_of(2 * t) || !meta.c_out.is_multiple_of(2 * t) {
@@ -96,7 +98,7 @@ impl DWeightHalo {
         let chunks = channel_chunks(tile, meta);
         let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
         let units = caps.estimated_compute_units() as usize;
-        let per_unit = pinned_split_per_unit().unwrap_or(2) as usize;
+        let per_unit = pinned_split_per_unit(tuning).unwrap_or(2) as usize;
         let slices = (per_unit * units / chunks).clamp(1, blocks);
         let block = Self {
             tile,
@@ -190,7 +192,7 @@ mod tests {
     use super::*;
     use crate::conv::{ConvParams, Padding};
 
-    const TEMPLATE: &str = include_str!("../../shaders/conv/dweight_halo.wgsl");
+    const TEMPLATE: &str = include_str!("../../../shaders/conv/dweight/halo.wgsl");
 
     fn meta(input: [usize; 4], c_out: usize) -> ConvShapeMeta {
         ConvShapeMeta::new(input, &ConvParams::new(c_out, 3, Padding::Same)).unwrap()
@@ -219,25 +221,41 @@ mod tests {
         // An H200: 132 compute units.
         let caps = GpuCapabilities {
             adapter_name: "NVIDIA H200".into(),
-            ..crate::conv::halo::tests::caps()
+            ..crate::conv::forward::halo::tests::caps()
         };
         // The v1 32 -> 32 conv at batch 256: 2 x 32 blocks, one channel chunk.
         let conv2 = meta([256, 32, 32, 32], 32);
-        let block = DWeightHalo::fit(16, &conv2, &caps).unwrap();
+        let block = DWeightHalo::fit(16, &conv2, &caps, &ConvTuning::default()).unwrap();
         assert_eq!((block.rows, block.cols, block.slices), (2, 32, 264));
         assert_eq!(block.grid(&conv2), [264, 1, 1]);
         assert_eq!(block.workgroup_bytes(), (4 * 34 * 40 + 64 * 40 + 16) * 2);
         assert_eq!(DWeightHalo::partial_rows(&conv2), 288 + 32);
         // 64 -> 64: four channel chunks share the slices.
         let conv4 = meta([256, 16, 16, 64], 64);
-        let block = DWeightHalo::fit(16, &conv4, &caps).unwrap();
+        let block = DWeightHalo::fit(16, &conv4, &caps, &ConvTuning::default()).unwrap();
         assert_eq!(block.grid(&conv4), [66, 4, 1]);
         // 3 input channels are no chunk; 8 x 8 outputs no whole blocks.
-        assert!(DWeightHalo::fit(16, &meta([256, 32, 32, 3], 32), &caps).is_err());
-        assert!(DWeightHalo::fit(16, &meta([256, 8, 8, 64], 128), &caps).is_err());
+        assert!(
+            DWeightHalo::fit(
+                16,
+                &meta([256, 32, 32, 3], 32),
+                &caps,
+                &ConvTuning::default()
+            )
+            .is_err()
+        );
+        assert!(
+            DWeightHalo::fit(
+                16,
+                &meta([256, 8, 8, 64], 128),
+                &caps,
+                &ConvTuning::default()
+            )
+            .is_err()
+        );
         // A 1x1 conv shares no taps (the 4096^3 GEMM of the conv bench).
         let pointwise = ConvParams::new(4096, 1, Padding::Same);
         let pointwise = ConvShapeMeta::new([1, 64, 64, 4096], &pointwise).unwrap();
-        assert!(DWeightHalo::fit(16, &pointwise, &caps).is_err());
+        assert!(DWeightHalo::fit(16, &pointwise, &caps, &ConvTuning::default()).is_err());
     }
 }

@@ -38,12 +38,12 @@
 // apart in y. This fits outputs narrower than a tile (TW, the positions a tile
 // covers along a row, is then 1) and blocks are IMAGES images of whole rows.
 //
-// Written in by the host (src/conv/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
+// Written in by the host (src/conv/forward/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
 // BH, BW, TILES_W, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H,
 // HALO_W and TAP_ROWS (= TPS * HALO_C), IMAGES, TAP_BUFFERS, and the pieces
 // marked `// generated:` (declaring, multiplying and storing the PT x CT
 // accumulators, which WGSL cannot hold in an indexable array). The operand
-// readers `x_run` / `w_run` come from the conv kernel (src/conv/common.rs),
+// readers `x_run` / `w_run` come from the conv kernel (src/conv/{shape,plan,gemm/mod,operands}.rs),
 // reading x as f16 or, converting, as f32.
 
 const BN: u32 = SG_N * CT * T;

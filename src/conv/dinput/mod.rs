@@ -1,27 +1,30 @@
 //! Input gradient: `dX` as a gather over the filter taps that reach each input
 //! position, one residue class of `(h + pad) mod stride` per dispatch slice. Every
 //! element of dX is written once: no atomics and no zero-fill. Stride-1 convs
-//! on the cooperative-matrix variant run the halo kernel (`dinput_halo`) where
+//! on the cooperative-matrix variant run the halo kernel (`dinput::halo`) where
 //! it fits.
+
+pub(crate) mod halo;
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::common::{
-    ConvDirection, ConvKernel, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, DirectC,
-    GEMM_RUN, GemmRuns, accepts_operand, buf, expect_dims, gpu_operand, host_values, plan_first,
-    same_device,
+use crate::conv::cpu::{Mat, col2im_add_image, gemm, rows_per_image};
+use crate::conv::gemm::{ConvKernel, DirectC, GEMM_RUN, GemmRuns};
+use crate::conv::operands::{
+    accepts_operand, buf, expect_dims, gpu_operand, host_values, same_device,
 };
-use super::dinput_halo::{self, with_dinput_halo};
-use super::im2col::{Mat, col2im_add_image, gemm, rows_per_image};
+use crate::conv::plan::{ConvDirection, ConvLaunchPlan, ConvPlans, plan_first};
+use crate::conv::shape::{ConvParams, ConvShapeMeta};
 use crate::error::Result;
 use crate::gpu::GpuContext;
 use crate::tensor::{DType, Shape, Tensor};
+use halo::with_dinput_halo;
 
 const KERNEL: ConvKernel = ConvKernel {
     name: "conv_dinput",
-    parts: &[include_str!("../../shaders/conv/dinput.wgsl")],
+    parts: &[include_str!("../../../shaders/conv/dinput/dinput.wgsl")],
     gemm: Some(GemmRuns {
         a: "dy",
         b: "w",
@@ -73,7 +76,7 @@ pub(crate) fn flipped_filter_target(
     if w.dtype() != DType::F16 || halo_plan(ctx, &meta, w, plans)?.is_none() {
         return Ok(None);
     }
-    let dims = dinput_halo::flipped_dims(&meta);
+    let dims = halo::flipped_dims(&meta);
     Tensor::uninit_gpu(ctx, Shape::new(dims)?, DType::F16).map(Some)
 }
 
@@ -135,7 +138,7 @@ pub fn dinput_flipped_filter(
         return Ok(None);
     };
     let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant)?;
-    dinput_halo::flip_filter(ctx, &w_op, &meta).map(Some)
+    halo::flip_filter(ctx, &w_op, &meta).map(Some)
 }
 
 /// [`conv2d_dinput`] of the weights `w` with their `flipped` filter for the
@@ -168,10 +171,10 @@ pub fn conv2d_dinput_flipped(
             expect_dims(
                 "conv2d_dinput flipped weight",
                 wt,
-                &dinput_halo::flipped_dims(&meta),
+                &halo::flipped_dims(&meta),
             )?;
         }
-        dinput_halo::dispatch(ctx, &plan, &meta, &dy_op, (&w_op, flipped), &dx)?;
+        halo::dispatch(ctx, &plan, &meta, &dy_op, (&w_op, flipped), &dx)?;
         return Ok(dx);
     }
     let pipeline = KERNEL
