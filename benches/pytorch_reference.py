@@ -6,6 +6,7 @@ same table layout so one device run puts both side by side.
 
     python3 benches/pytorch_reference.py [--batch-size 256] [--repeats 30] [--json PATH] [--parts]
     python3 benches/pytorch_reference.py --kernels
+    python3 benches/pytorch_reference.py --convs resnet18 [--batch-size 256]
 
 - ms/step: median over --repeats steps, each synchronised on its own, of
   host->device batch copy + forward + loss + backward + AdamW, for fp32 eager,
@@ -21,6 +22,10 @@ same table layout so one device run puts both side by side.
   way: wgrad + bias grad, and dgrad alone (not for the first layer), printed
   after the table as `parts` lines (as `examples/conv_passes.rs --parts`
   prints aether's: dweight + its reduce, and dinput).
+- With --convs NETWORK (v1, resnet18, airbench94), only the per-conv table
+  for that network's distinct convs (no model step), as
+  `examples/conv_passes.rs --convs NETWORK` prints aether's, a conv the
+  network runs several times listed once with its count.
 - With --kernels, only the CUDA kernels cuDNN runs for each conv's forward,
   wgrad + bias grad and dgrad, with their times from torch.profiler: which
   algorithm cudnn.benchmark picked (an implicit GEMM, Winograd, FFT).
@@ -42,6 +47,32 @@ LAYERS = [  # (H, W, C_in, C_out) of the five 3x3 'same' convs
     (8, 8, 64, 128),
 ]
 LARGE = (56, 56, 64, 64)
+
+
+def conv(h, c_in, c_out, kernel=3, stride=1, bias=False, count=1):
+    """One conv of a network: (H, W, C_in, C_out, kernel, stride, bias, count),
+    'same' padding for 3x3 (one pixel each side), none for 1x1 and 2x2."""
+    return (h, h, c_in, c_out, kernel, stride, bias, count)
+
+
+# The distinct convs of each network, as examples/conv_passes.rs lists them;
+# the first of each is the network's first layer (no dgrad).
+CONVS = {
+    "v1": [conv(h, ci, co, bias=True) for h, _, ci, co in LAYERS],
+    "resnet18": [
+        conv(32, 3, 64), conv(32, 64, 64, count=4),
+        conv(32, 64, 128, stride=2), conv(32, 64, 128, 1, 2),
+        conv(16, 128, 128, count=3),
+        conv(16, 128, 256, stride=2), conv(16, 128, 256, 1, 2),
+        conv(8, 256, 256, count=3),
+        conv(8, 256, 512, stride=2), conv(8, 256, 512, 1, 2),
+        conv(4, 512, 512, count=3),
+    ],
+    "airbench94": [
+        conv(32, 3, 24, 2, bias=True), conv(31, 24, 64), conv(15, 64, 64),
+        conv(15, 64, 256), conv(7, 256, 256), conv(7, 256, 256), conv(3, 256, 256),
+    ],
+}
 
 
 def v1_model():
@@ -144,12 +175,20 @@ def model_step_times(n, repeats):
     return results
 
 
+def full(shape):
+    """A shape as (H, W, C_in, C_out, kernel, stride, bias, count): the v1
+    lists' 4-tuples are 3x3, stride 1, with bias."""
+    return shape if len(shape) == 8 else (*shape, 3, 1, True, 1)
+
+
 def conv_calls(n, shape):
     """The conv's forward, and its backward for an output mask (dgrad, wgrad,
     bias grad): what autograd runs, called directly so that it can be captured
     on a graph's stream."""
-    h, w, c_in, c_out = shape
-    conv = nn.Conv2d(c_in, c_out, 3, padding=1).cuda().half().to(memory_format=torch.channels_last)
+    h, w, c_in, c_out, k, stride, bias, _ = full(shape)
+    pad = 1 if k == 3 else 0
+    conv = nn.Conv2d(c_in, c_out, k, stride=stride, padding=pad, bias=bias)
+    conv = conv.cuda().half().to(memory_format=torch.channels_last)
     x = torch.randn(n, c_in, h, w, device="cuda").half().to(memory_format=torch.channels_last)
     with torch.no_grad():
         dy = torch.randn_like(conv(x))
@@ -161,7 +200,8 @@ def conv_calls(n, shape):
     def backward(mask):
         with torch.no_grad():
             torch.ops.aten.convolution_backward(
-                dy, x, conv.weight, [c_out], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask)
+                dy, x, conv.weight, [c_out] if bias else None, [stride, stride], [pad, pad],
+                [1, 1], False, [0, 0], 1, mask if bias else mask[:2] + [False])
 
     return forward, backward
 
@@ -188,7 +228,7 @@ def conv_kernels(n, shape):
 
 
 def conv_times(n, shape, first, repeats, parts=False, calls=20):
-    h, w, c_in, c_out = shape
+    h, w, c_in, c_out, k, stride, bias, count = full(shape)
     forward, backward_masked = conv_calls(n, shape)
     mask = [not first, True, True]
 
@@ -242,11 +282,15 @@ def conv_times(n, shape, first, repeats, parts=False, calls=20):
     if parts:
         halves["wgrad_ms"] = graph_ms(lambda: backward([False, True, True]))
         halves["dgrad_ms"] = None if first else graph_ms(lambda: backward([True, False, False]))
-    m, k = n * h * w, 9 * c_in
-    fwd_flops = 2 * m * k * c_out
-    bwd_flops = 2 * m * (k + 1) * c_out + (0 if first else 2 * m * k * c_out)
+    pad = 1 if k == 3 else 0
+    h_out, w_out = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    m, depth = n * h_out * w_out, k * k * c_in
+    fwd_flops = 2 * m * depth * c_out
+    bwd_flops = 2 * m * (depth + int(bias)) * c_out + (0 if first else 2 * m * depth * c_out)
+    label = f"{h}x{w}x{c_in}->{c_out}" + ("" if (k, stride) == (3, 1) else f":{k}x{k}s{stride}")
     return {
-        "shape": f"Conv2d {h}x{w}x{c_in}->{c_out}",
+        "shape": f"Conv2d {label}",
+        "count": count,
         "forward_ms": fwd,
         "backward_ms": bwd,
         "forward_tflops": fwd_flops / (fwd * 1e-3) / 1e12,
@@ -267,10 +311,24 @@ def main():
                         help="also time each conv's wgrad + bias grad and its dgrad apart")
     parser.add_argument("--kernels", action="store_true",
                         help="only list the CUDA kernels cuDNN runs for each conv's passes")
+    parser.add_argument("--convs", choices=sorted(CONVS),
+                        help="only the per-conv table of this network's distinct convs")
     args = parser.parse_args()
     torch.backends.cudnn.benchmark = True
     n = args.batch_size
     print(f"{torch.cuda.get_device_name()} torch {torch.__version__} cuDNN {torch.backends.cudnn.version()}")
+    if args.convs:
+        print(f"{args.convs} convs, batch {n}")
+        print(f"{'layer':<5} {'conv':<26} {'fwd ms':>10} {'bwd ms':>10} {'fwd TF/s':>9} {'bwd TF/s':>9} "
+              f"{'count':>5}")
+        total = 0.0
+        for i, shape in enumerate(CONVS[args.convs]):
+            c = conv_times(n, shape, i == 0, args.repeats)
+            print(f"{i:<5} {c['shape']:<26} {c['forward_ms']:>10.4f} {c['backward_ms']:>10.4f} "
+                  f"{c['forward_tflops']:>9.2f} {c['backward_tflops']:>9.2f} {c['count']:>5}")
+            total += (c["forward_ms"] + c["backward_ms"]) * c["count"]
+        print(f"{'all convs':<32} {total:>10.4f} ms (fwd+bwd)")
+        return
     if args.kernels:
         for shape in LAYERS[1:] + [LARGE]:
             label = "Conv2d {}x{}x{}->{}".format(*shape)

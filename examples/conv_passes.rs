@@ -1,8 +1,11 @@
-//! Each conv of the v1 CIFAR-10 model timed the way `benches/pytorch_reference.py`
-//! times cuDNN's: its forward, and its backward, called 20 times back to back on
-//! the same operands and divided by 20, the median of `--repeats`.
+//! Each distinct conv of a CIFAR-10 network (`--convs v1|resnet18|airbench94`,
+//! default v1) timed the way `benches/pytorch_reference.py --convs` times
+//! cuDNN's: its forward, and its backward, called 20 times back to back on the
+//! same operands and divided by 20, the median of `--repeats`. A conv the
+//! network runs several times is listed once, its count in the last column
+//! (the `all convs` total counts it that many times).
 //!
-//!     cargo run --release --example conv_passes -- [--batch-size 256] [--repeats 30] [--calls 20] [--parts]
+//!     cargo run --release --example conv_passes -- [--convs v1] [--batch-size 256] [--repeats 30] [--calls 20] [--parts]
 //!
 //! The calls go through the `Conv2d` layer as a training step makes them (f16
 //! input and gradient, as the v1 model hands them over; the backward's dweight,
@@ -25,19 +28,88 @@ use aether::gpu::DevicePreference;
 use aether::nn::{Conv2d, Layer, Mode};
 use aether::{AetherError, Device, Result, Tensor};
 
-const USAGE: &str = "usage: conv_passes [--batch-size N] [--repeats N] [--calls N] [--parts]";
+const USAGE: &str = "usage: conv_passes [--convs v1|resnet18|airbench94] [--batch-size N] \
+                     [--repeats N] [--calls N] [--parts]";
 
-/// (H, W, C_in, C_out) of the v1 model's five 3x3 'same' convs, as in
-/// benches/pytorch_reference.py.
-const LAYERS: [(usize, usize, usize, usize); 5] = [
-    (32, 32, 3, 32),
-    (32, 32, 32, 32),
-    (16, 16, 32, 64),
-    (16, 16, 64, 64),
-    (8, 8, 64, 128),
-];
+/// One conv of a network: input `H x W x C_in`, `C_out` filters of
+/// `kernel x kernel` ('same' padding for 3x3, none for 1x1 and 2x2) at
+/// `stride`, with or without bias, run `count` times a step. As in
+/// benches/pytorch_reference.py's `CONVS`.
+struct Conv {
+    h: usize,
+    w: usize,
+    c_in: usize,
+    c_out: usize,
+    kernel: usize,
+    stride: usize,
+    bias: bool,
+    count: usize,
+}
+
+const fn conv(h: usize, c_in: usize, c_out: usize, kernel: usize, stride: usize) -> Conv {
+    Conv {
+        h,
+        w: h,
+        c_in,
+        c_out,
+        kernel,
+        stride,
+        bias: false,
+        count: 1,
+    }
+}
+
+const fn times(count: usize, c: Conv) -> Conv {
+    Conv { count, ..c }
+}
+
+const fn biased(c: Conv) -> Conv {
+    Conv { bias: true, ..c }
+}
+
+/// The distinct convs of each network; the first of each is the network's
+/// first layer (no input gradient).
+fn convs(network: &str) -> Option<Vec<Conv>> {
+    Some(match network {
+        "v1" => vec![
+            biased(conv(32, 3, 32, 3, 1)),
+            biased(conv(32, 32, 32, 3, 1)),
+            biased(conv(16, 32, 64, 3, 1)),
+            biased(conv(16, 64, 64, 3, 1)),
+            biased(conv(8, 64, 128, 3, 1)),
+        ],
+        // zoo::resnet18_cifar: 3x3 stem, four stages of two basic blocks,
+        // stride-2 3x3 convs and 1x1 stride-2 projections between stages.
+        "resnet18" => vec![
+            conv(32, 3, 64, 3, 1),
+            times(4, conv(32, 64, 64, 3, 1)),
+            conv(32, 64, 128, 3, 2),
+            conv(32, 64, 128, 1, 2),
+            times(3, conv(16, 128, 128, 3, 1)),
+            conv(16, 128, 256, 3, 2),
+            conv(16, 128, 256, 1, 2),
+            times(3, conv(8, 256, 256, 3, 1)),
+            conv(8, 256, 512, 3, 2),
+            conv(8, 256, 512, 1, 2),
+            times(3, conv(4, 512, 512, 3, 1)),
+        ],
+        // zoo::airbench94_net: the 2x2 whitening conv, then two convs a group
+        // with a 2x2 max-pool after the first.
+        "airbench94" => vec![
+            biased(conv(32, 3, 24, 2, 1)),
+            conv(31, 24, 64, 3, 1),
+            conv(15, 64, 64, 3, 1),
+            conv(15, 64, 256, 3, 1),
+            conv(7, 256, 256, 3, 1),
+            conv(7, 256, 256, 3, 1),
+            conv(3, 256, 256, 3, 1),
+        ],
+        _ => return None,
+    })
+}
 
 struct Args {
+    convs: String,
     batch: usize,
     repeats: usize,
     calls: usize,
@@ -47,6 +119,7 @@ struct Args {
 impl Args {
     fn parse() -> std::result::Result<Self, String> {
         let mut args = Args {
+            convs: "v1".into(),
             batch: 256,
             repeats: 30,
             calls: 20,
@@ -62,6 +135,10 @@ impl Args {
                 continue;
             }
             let value = it.next().ok_or(format!("{flag} needs a value"))?;
+            if flag == "--convs" {
+                args.convs = value;
+                continue;
+            }
             let count = match value.parse::<usize>() {
                 Ok(n) if n > 0 => n,
                 _ => return Err(format!("{flag} takes a whole number >= 1, got {value:?}")),
@@ -104,20 +181,36 @@ fn main() -> Result<()> {
         args.batch, args.calls, args.repeats
     );
     println!(
-        "{:<5} {:<26} {:>10} {:>10} {:>9} {:>9}",
-        "layer", "conv", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s"
+        "{:<5} {:<26} {:>10} {:>10} {:>9} {:>9} {:>5}",
+        "layer", "conv", "fwd ms", "bwd ms", "fwd TF/s", "bwd TF/s", "count"
     );
+    let Some(layers) = convs(&args.convs) else {
+        eprintln!("unknown network {:?}\n{USAGE}", args.convs);
+        std::process::exit(2);
+    };
     let mut total = 0.0;
     let mut parts = Vec::new();
-    for (index, &(h, w, c_in, c_out)) in LAYERS.iter().enumerate() {
+    for (index, c) in layers.iter().enumerate() {
         let n = args.batch;
         let first = index == 0;
+        let (h, w, c_in, c_out) = (c.h, c.w, c.c_in, c.c_out);
+        let padding = if c.kernel == 3 {
+            Padding::Same
+        } else {
+            Padding::Valid
+        };
+        let mut layer = Conv2d::new(c_out, (c.kernel, c.kernel), padding)
+            .stride((c.stride, c.stride))
+            .bias(c.bias);
+        let out = layer.build(&[h, w, c_in], index as u64, &device)?;
+        let (h_out, w_out) = (out[0], out[1]);
         let x =
             Tensor::from_f32_as_f16(vec![n, h, w, c_in], &values(n * h * w * c_in, 1), &device)?;
-        let dy =
-            Tensor::from_f32_as_f16(vec![n, h, w, c_out], &values(n * h * w * c_out, 2), &device)?;
-        let mut layer = Conv2d::new(c_out, (3, 3), Padding::Same);
-        layer.build(&[h, w, c_in], index as u64, &device)?;
+        let dy = Tensor::from_f32_as_f16(
+            vec![n, h_out, w_out, c_out],
+            &values(n * h_out * w_out * c_out, 2),
+            &device,
+        )?;
         let train = Mode::Train { seed: 0, step: 0 };
         // Once each first: plans made, pipelines compiled, input kept.
         layer.forward(&x, train)?;
@@ -137,7 +230,10 @@ fn main() -> Result<()> {
             }
             Ok(median(samples))
         };
-        let shape = format!("{h}x{w}x{c_in}->{c_out}");
+        let shape = match (c.kernel, c.stride) {
+            (3, 1) => format!("{h}x{w}x{c_in}->{c_out}"),
+            (k, s) => format!("{h}x{w}x{c_in}->{c_out}:{k}x{k}s{s}"),
+        };
         let forward = time(&mut || layer.forward(&x, train).map(drop))?;
         let backward = time(&mut || layer.backward(&dy, !first).map(drop))?;
         if args.parts && !first {
@@ -145,16 +241,22 @@ fn main() -> Result<()> {
             let weights = time(&mut || layer.backward(&dy, false).map(drop))?;
             parts.push((index, shape.clone(), weights, backward));
         }
-        let gemm = (2 * n * h * w * 9 * c_in * c_out) as f64;
-        // dweight with its dbias row, and dinput except for the first conv.
-        let backward_flops =
-            gemm * (if first { 1.0 } else { 2.0 }) + (2 * n * h * w * c_out) as f64;
+        let gemm = (2 * n * h_out * w_out * c.kernel * c.kernel * c_in * c_out) as f64;
+        // dweight (with its dbias row where there is a bias), and dinput
+        // except for the first conv.
+        let bias_flops = if c.bias {
+            2 * n * h_out * w_out * c_out
+        } else {
+            0
+        };
+        let backward_flops = gemm * (if first { 1.0 } else { 2.0 }) + bias_flops as f64;
         println!(
-            "{index:<5} Conv2d {shape:<19} {forward:>10.4} {backward:>10.4} {:>9.2} {:>9.2}",
+            "{index:<5} Conv2d {shape:<19} {forward:>10.4} {backward:>10.4} {:>9.2} {:>9.2} {:>5}",
             gemm / (forward * 1e-3) / 1e12,
             backward_flops / (backward * 1e-3) / 1e12,
+            c.count,
         );
-        total += forward + backward;
+        total += (forward + backward) * c.count as f64;
     }
     println!("{:<32} {total:>10.4} ms (fwd+bwd)", "all convs");
     if args.parts {
