@@ -43,7 +43,7 @@
 // HALO_W and TAP_ROWS (= TPS * HALO_C), IMAGES, TAP_BUFFERS, and the pieces
 // marked `// generated:` (declaring, multiplying and storing the PT x CT
 // accumulators, which WGSL cannot hold in an indexable array). The operand
-// readers `x_run` / `w_run` come from the conv kernel (src/conv/{shape,plan,gemm/mod,operands}.rs),
+// readers `x_run` / `w_run` come from the conv kernel (src/conv/gemm/mod.rs),
 // reading x as f16 or, converting, as f32.
 
 const BN: u32 = SG_N * CT * T;
