@@ -15,7 +15,7 @@ use aether::nn::{
     SiLU,
 };
 use aether::ops::activation::{Smooth, smooth_activation, smooth_activation_backward};
-use aether::ops::arith::{add, scale};
+use aether::ops::arith::{add, add_relu, scale};
 use aether::ops::concat::{concat_channels, split_channels};
 use aether::optim::Adam;
 use aether::{AetherError, Device, Graph, Model, NodeId, Tensor, TrainOptions};
@@ -62,15 +62,25 @@ const LEN: usize = 3 * 257 + 11;
 
 test_device!(add_and_scale_are_one_rounding, |device: &Device| {
     let mut rng = Rng::fresh();
-    let (a, b) = (rng.vec(LEN), rng.vec(LEN));
+    let (a, mut b) = (rng.vec(LEN), rng.vec(LEN));
+    // A NaN must pass add_relu's ReLU, as ReLU lets it; -0.0 sums stay -0.0.
+    b[5] = f32::NAN;
     let factor = 1.0 / 9.0 + rng.uniform() * 0.01;
     let ta = Tensor::from_f32(vec![LEN], a.clone(), device).unwrap();
     let tb = Tensor::from_f32(vec![LEN], b.clone(), device).unwrap();
     let sum = f32_bits(&add(&ta, &tb).unwrap());
     let scaled = f32_bits(&scale(&ta, factor).unwrap());
+    let rectified = f32_bits(&add_relu(&ta, &tb).unwrap());
     for i in 0..LEN {
         // A sum or product of two f32 is exact in f64: one rounding after.
         let want_sum = (f64::from(a[i]) + f64::from(b[i])) as f32;
+        let want_rectified = if want_sum < 0.0 { 0.0 } else { want_sum };
+        assert_eq!(
+            rectified[i],
+            want_rectified.to_bits(),
+            "add_relu at {i} (seed {})",
+            rng.seed
+        );
         let want_scaled = (f64::from(factor) * f64::from(a[i])) as f32;
         assert_eq!(sum[i], want_sum.to_bits(), "add at {i} (seed {})", rng.seed);
         assert_eq!(
@@ -334,6 +344,54 @@ fn residual_graph(seed: u64) -> Model {
 
 const SIDE: usize = 9;
 
+/// The residual graph's ReLU after Add, run inside Add or as a layer of its
+/// own, gives the same loss and gradients: the fused pass is the same f32
+/// operations (on the CPU, bit for bit; on a GPU, within f16 hand-offs).
+#[test]
+fn a_relu_folded_into_add_changes_no_gradient() {
+    let mut rng = Rng::fresh();
+    let (x, y) = synthetic_images(6, SIDE, SIDE, rng.next_u64()).unwrap();
+    let devices: Vec<Device> = [Some(Device::Cpu), common::gpu()]
+        .into_iter()
+        .flatten()
+        .collect();
+    for device in &devices {
+        let run = |fuse: bool| {
+            let mut model = residual_graph(rng.seed).fuse_relu(fuse);
+            model.to(device).unwrap();
+            model.finalize(&[SIDE, SIDE, 3]).unwrap();
+            let fused = model.fused_relus();
+            (fused, model.gradients(&x, &y).unwrap())
+        };
+        let (fused, with) = run(true);
+        let (unfused, without) = run(false);
+        assert!(
+            fused.contains(&10) && unfused.is_empty(),
+            "{fused:?} {unfused:?}"
+        );
+        let device_name = device.name();
+        if matches!(device, Device::Cpu) {
+            assert_eq!(with.loss.to_bits(), without.loss.to_bits(), "loss");
+            for ((name, a), (_, b)) in with.tensors.iter().zip(&without.tensors) {
+                assert_eq!(f32_bits_of(a), f32_bits_of(b), "{name} on {device_name}");
+            }
+        } else {
+            for ((name, a), (_, b)) in with.tensors.iter().zip(&without.tensors) {
+                let err = norm_rel(a, &b.iter().map(|&v| f64::from(v)).collect::<Vec<_>>());
+                assert!(
+                    err < 1e-2,
+                    "{name} on {device_name}: {err:e} (seed {})",
+                    rng.seed
+                );
+            }
+        }
+    }
+}
+
+fn f32_bits_of(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|v| v.to_bits()).collect()
+}
+
 #[test]
 fn graph_on_the_gpu_matches_the_cpu() {
     let Some(gpu) = common::gpu() else { return };
@@ -351,8 +409,8 @@ fn graph_on_the_gpu_matches_the_cpu() {
     let (gpu_model, gpu_logits, gpu_loss, gpu_grads) = on(&gpu);
     assert_eq!(
         cpu_model.fused_relus(),
-        [2, 5],
-        "ReLUs after BatchNorm fold where BatchNorm's output feeds them alone"
+        [2, 5, 10],
+        "ReLUs after BatchNorm and Add fold where that output feeds them alone"
     );
     assert_eq!(gpu_model.fused_relus(), cpu_model.fused_relus());
     report(&format!(

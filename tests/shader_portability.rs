@@ -174,8 +174,9 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
         .train_batch(&rng.vec(batch * 8 * 8 * 3), &[0, 1, 2, 0])
         .unwrap();
     // A graph with the merges and the layers only graphs and airbench use:
-    // the residual add and the gradient sum at a fork, channel copies, GELU,
-    // SiLU, Scale, GlobalMaxPool, a bias-free conv and a scale-free BatchNorm.
+    // the residual add (alone and with the ReLU after it folded in) and the
+    // gradient sum at a fork, channel copies, GELU, SiLU, Scale,
+    // GlobalMaxPool, a bias-free conv and a scale-free BatchNorm.
     let mut g = aether::Graph::new();
     let image = g.input();
     let a = g.add(Conv2d::new(8, (3, 3), Padding::Same).bias(false), &[image]);
@@ -184,7 +185,9 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
     let b = g.add(Conv2d::new(8, (3, 3), Padding::Same), &[b]);
     let sum = g.add(Add::default(), &[b, a]);
     let s = g.add(SiLU::default(), &[sum]);
-    let joined = g.add(Concat::default(), &[s, a]);
+    let rectified = g.add(Add::default(), &[s, b]);
+    let rectified = g.add(ReLU::default(), &[rectified]);
+    let joined = g.add(Concat::default(), &[rectified, a]);
     let pooled = g.add(GlobalMaxPool::default(), &[joined]);
     let logits = g.add(Dense::new(3).bias(false), &[pooled]);
     g.add(Scale::new(0.5), &[logits]);

@@ -1,10 +1,11 @@
 //! Layers that merge several inputs of a [`crate::Graph`]: `Add` (the
 //! residual connection) and `Concat` (along channels).
 
-use super::{Layer, LayerSpec, Mode};
+use super::{Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
-use crate::ops::arith::add;
+use crate::ops::activation::relu_backward;
+use crate::ops::arith::{add, add_relu};
 use crate::ops::concat::{concat_channels, split_channels};
 use crate::tensor::Tensor;
 
@@ -20,10 +21,16 @@ fn needs_two(layer: &'static str, given: usize) -> AetherError {
 }
 
 /// Sums two or more inputs of one shape elementwise: a residual connection.
-/// Its gradient passes to every input unchanged (no copy).
+/// Its gradient passes to every input unchanged (no copy). A ReLU that alone
+/// reads its output runs inside it (see [`Model::fuse_relu`](crate::Model::fuse_relu)):
+/// the last sum and the ReLU are one pass, and the gradient is masked once
+/// for all inputs.
 #[derive(Default)]
 pub struct Add {
     inputs: usize,
+    relu: bool,
+    /// The output, kept in training for the fused ReLU's gradient.
+    output: Option<Tensor>,
 }
 
 impl Layer for Add {
@@ -63,16 +70,42 @@ impl Layer for Add {
         Ok(inputs[0].to_vec())
     }
 
-    fn forward_inputs(&mut self, inputs: &[&Tensor], _mode: Mode) -> Result<Tensor> {
-        let mut sum = add(inputs[0], inputs[1])?;
-        for x in &inputs[2..] {
+    fn fuse_relu(&mut self) -> bool {
+        self.relu = true;
+        true
+    }
+
+    fn forward_inputs(&mut self, inputs: &[&Tensor], mode: Mode) -> Result<Tensor> {
+        let (last, rest) = inputs.split_last().expect("built with two or more inputs");
+        let mut sum = rest[0].clone();
+        for x in &rest[1..] {
             sum = add(&sum, x)?;
         }
-        Ok(sum)
+        let out = if self.relu {
+            add_relu(&sum, last)?
+        } else {
+            add(&sum, last)?
+        };
+        if self.relu && matches!(mode, Mode::Train { .. }) {
+            self.output = Some(out.clone());
+        }
+        Ok(out)
+    }
+
+    fn end_step(&mut self) {
+        self.output = None;
     }
 
     fn backward_inputs(&mut self, dy: &Tensor, need_dx: bool) -> Result<Vec<Option<Tensor>>> {
-        Ok(vec![need_dx.then(|| dy.clone()); self.inputs])
+        if !need_dx {
+            return Ok(vec![None; self.inputs]);
+        }
+        let dx = if self.relu {
+            relu_backward(cached(&self.output, "Add::backward")?, dy)?
+        } else {
+            dy.clone()
+        };
+        Ok(vec![Some(dx); self.inputs])
     }
 }
 

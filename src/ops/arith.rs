@@ -9,6 +9,10 @@ use crate::error::{AetherError, Result};
 use crate::tensor::Tensor;
 
 const ADD_SHADER: &str = include_str!("../../shaders/ops/add.wgsl");
+const ADD_RELU_SHADER: &str = concat!(
+    include_str!("../../shaders/ops/relu_bits.wgsl"),
+    include_str!("../../shaders/ops/add_relu.wgsl")
+);
 const SCALE_SHADER: &str = include_str!("../../shaders/ops/scale.wgsl");
 
 /// `a + b` elementwise; both f32 of one shape on one device.
@@ -19,6 +23,25 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         return Tensor::from_f32(a.dims().to_vec(), sum, &a.device());
     }
     gpu_elementwise("add", "main", ADD_SHADER, &[a, b], &[])
+}
+
+/// `relu(a + b)` elementwise in one pass (a residual add and the ReLU after
+/// it); both f32 of one shape on one device. NaN passes through, as
+/// [`relu`](super::relu::relu) lets it.
+pub fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    check_operands("add_relu", &[a, b])?;
+    if let (Some(xs), Some(ys)) = (a.host_f32(), b.host_f32()) {
+        let sum = xs
+            .par_iter()
+            .zip(ys)
+            .map(|(&x, &y)| {
+                let v = x + y;
+                if v < 0.0 { 0.0 } else { v }
+            })
+            .collect();
+        return Tensor::from_f32(a.dims().to_vec(), sum, &a.device());
+    }
+    gpu_elementwise("add_relu", "main", ADD_RELU_SHADER, &[a, b], &[])
 }
 
 /// `factor * x` elementwise; `factor` must be finite.
