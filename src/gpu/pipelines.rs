@@ -5,13 +5,18 @@
 //! storm) and reported as `None` so the caller takes its next variant. Where the
 //! backend supports it, wgpu's `PipelineCache` data is persisted to disk: after
 //! the next wait for the GPU once pipelines were compiled, and on drop.
+//!
+//! Threads may ask for different pipelines at once: each key has a cell of its
+//! own, filled outside the map's lock, so distinct keys compile in parallel
+//! (wgpu's error scopes are per thread) while a second request for the same
+//! key waits for the first.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::caps::GpuCapabilities;
 use crate::diagnostics::warn_once;
@@ -51,7 +56,7 @@ impl PipelineKey {
 pub struct PipelineCache {
     device: wgpu::Device,
     adapter_name: String,
-    entries: Mutex<HashMap<PipelineKey, Option<Arc<wgpu::ComputePipeline>>>>,
+    entries: Mutex<HashMap<PipelineKey, Arc<PipelineCell>>>,
     disk: Option<DiskCache>,
     break_kernels: Vec<String>,
     params_in_immediates: bool,
@@ -59,6 +64,9 @@ pub struct PipelineCache {
     /// Every module built, where [`GpuOptions::record_shaders`](super::GpuOptions::record_shaders) asks.
     recorded: Option<Mutex<Vec<BuiltShader>>>,
 }
+
+/// A key's pipeline once compiled; `None` inside where it failed to compile.
+type PipelineCell = OnceLock<Option<Arc<wgpu::ComputePipeline>>>;
 
 /// One WGSL module as aether handed it to the device: what naga translates
 /// for the backend (see [`PipelineCache::built_shaders`]).
@@ -122,10 +130,24 @@ impl PipelineCache {
         entry_point: &str,
         source: impl FnOnce() -> Cow<'s, str>,
     ) -> Option<Arc<wgpu::ComputePipeline>> {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(known) = entries.get(key) {
-            return known.clone();
-        }
+        let cell = Arc::clone(
+            self.entries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(key.clone())
+                .or_default(),
+        );
+        cell.get_or_init(|| self.build(key, entry_point, source))
+            .clone()
+    }
+
+    /// Compiles `source()` for `key`, announcing a failure once; `None` then.
+    fn build<'s>(
+        &self,
+        key: &PipelineKey,
+        entry_point: &str,
+        source: impl FnOnce() -> Cow<'s, str>,
+    ) -> Option<Arc<wgpu::ComputePipeline>> {
         let full_name = format!("{}:{}", key.kernel, key.variant);
         let broken = self
             .break_kernels
@@ -167,7 +189,6 @@ impl PipelineCache {
                 None
             }
         };
-        entries.insert(key.clone(), compiled.clone());
         if compiled.is_some()
             && let Some(disk) = &self.disk
         {
@@ -216,7 +237,10 @@ impl PipelineCache {
     /// Number of pipelines compiled successfully so far.
     pub fn compiled_count(&self) -> usize {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.values().filter(|p| p.is_some()).count()
+        entries
+            .values()
+            .filter(|cell| cell.get().is_some_and(Option::is_some))
+            .count()
     }
 
     /// Path of the persisted driver cache, when the backend has one.
