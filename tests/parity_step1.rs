@@ -19,20 +19,33 @@ use aether::{Device, Loss, Metric, Model};
 
 const REFERENCE: &str = include_str!("data/parity_step1.json");
 
-/// The values `benches/parity_step1_reference.py` gives parameter number `t`
-/// of PyTorch shape `shape` and kind `kind`, rounded to f32.
-fn formula(kind: &str, shape: &[usize], t: usize) -> Vec<f32> {
-    let n: usize = shape.iter().product();
-    let t = t as f64;
-    let fan_in: usize = shape[1..].iter().product();
-    (0..n)
+/// `n` values in [-1, 1) from an integer hash of (index, `stream`), as
+/// `benches/parity_step1_reference.py`'s `uniform` computes them.
+fn uniform(n: usize, stream: u64) -> Vec<f64> {
+    (0..n as u64)
         .map(|k| {
-            let k = k as f64;
+            let mut h = (k * 2_654_435_761 + stream * 40_503 + 12_345) & 0xffff_ffff;
+            h ^= h >> 15;
+            h = (h * 2_246_822_519) & 0xffff_ffff;
+            h ^= h >> 13;
+            h = (h * 3_266_489_917) & 0xffff_ffff;
+            h ^= h >> 16;
+            (h >> 8) as f64 / f64::from(1u32 << 23) - 1.0
+        })
+        .collect()
+}
+
+/// The values the reference script gives parameter number `t` of PyTorch
+/// shape `shape` and kind `kind`, rounded to f32.
+fn formula(kind: &str, shape: &[usize], t: usize) -> Vec<f32> {
+    let fan_in: usize = shape[1..].iter().product();
+    let u = uniform(shape.iter().product(), t as u64 + 1);
+    u.into_iter()
+        .map(|u| {
             (match kind {
-                "kernel" => (1.7 * k + 0.9 * t + 0.3).sin() / (fan_in as f64).sqrt(),
-                "bias" => 0.1 * (1.3 * k + 0.9 * t).sin(),
-                "bn_weight" => 1.0 + 0.2 * (1.1 * k + 0.9 * t).sin(),
-                "bn_bias" => 0.1 * (0.7 * k + 0.9 * t).cos(),
+                "kernel" => u * (3.0 / fan_in as f64).sqrt(),
+                "bias" | "bn_bias" => 0.1 * u,
+                "bn_weight" => 1.0 + 0.2 * u,
                 other => panic!("unknown kind {other}"),
             }) as f32
         })
@@ -114,8 +127,9 @@ fn check(name: &str, mut model: Model, names: &[(String, String)]) {
     load_pytorch_state_dict(&mut model, &path, names).unwrap();
 
     let (batch, side) = (2usize, 32usize);
-    let x: Vec<f32> = (0..batch * side * side * 3)
-        .map(|i| (0.37 * i as f64 + 0.11).sin() as f32)
+    let x: Vec<f32> = uniform(batch * side * side * 3, 0)
+        .into_iter()
+        .map(|v| v as f32)
         .collect();
     let labels: Vec<u32> = to_usizes(&reference["labels"])
         .iter()
@@ -134,7 +148,8 @@ fn check(name: &str, mut model: Model, names: &[(String, String)]) {
         .iter()
         .map(|(a, t)| (t.as_str(), a.as_str()))
         .collect();
-    let mut worst = (0.0f64, String::new());
+    // (error over the tensor's bound, error, torch f32's error, tensor)
+    let mut worst = (0.0f64, 0.0, 0.0, String::new());
     for entry in tensors {
         let torch = entry["name"].as_str().unwrap();
         let aether = by_torch[torch];
@@ -160,27 +175,35 @@ fn check(name: &str, mut model: Model, names: &[(String, String)]) {
             let g = f64::from(grad[aether_index(*k, &shape)]);
             err = err.max((g - want.as_f64().unwrap()).abs() / max_abs.max(1e-30));
         }
-        if err > worst.0 {
-            worst = (err, format!("{torch} ({aether})"));
+        let torch_f32 = entry["torch_f32_error"].as_f64().unwrap();
+        let bound = FLOOR.max(NOISE_FACTOR * torch_f32);
+        if err / bound > worst.0 {
+            worst = (err / bound, err, torch_f32, format!("{torch} ({aether})"));
         }
     }
     common::report(&format!(
-        "[aether-test] {name} step 1 on the CPU: loss {} (torch f64 {want_loss:.7}), worst gradient \
-         error {:.2e} of the tensor's largest ({})",
-        got.loss, worst.0, worst.1
+        "[aether-test] {name} step 1 on the CPU: loss {} (torch f64 {want_loss:.7}); the gradient \
+         nearest its bound is {}: error {:.2e} of the tensor's largest, torch f32's {:.2e}",
+        got.loss, worst.3, worst.1, worst.2
     ));
     assert!(
-        worst.0 < TOLERANCE,
-        "{name}: gradient of {} off by {:.2e}",
+        worst.0 <= 1.0,
+        "{name}: gradient of {} off by {:.2e}, past max({FLOOR:e}, {NOISE_FACTOR} x torch f32's {:.2e})",
+        worst.3,
         worst.1,
-        worst.0
+        worst.2
     );
 }
 
-/// Per tensor: |aether - torch f64| at 8 sampled entries over the tensor's
-/// largest |gradient|, and the relative error of its norm. f32 rounding of
-/// the CPU path's sums over a batch of 2 stays far below this.
-const TOLERANCE: f64 = 1e-4;
+/// Each tensor's error (the relative error of its norm, or the largest
+/// |aether - torch f64| at its 8 sampled entries over its largest
+/// |gradient|) may be at most `NOISE_FACTOR` times PyTorch's own float32
+/// error by the same measure, and never needs to be below `FLOOR`. A layout
+/// mix-up or a wrong derivative is off by order 1; float32 rounding is not,
+/// but through ReLU kinks and BatchNorm over a batch of 2 it reaches 4e-3 of
+/// a tensor's largest entry in ResNet-18, in PyTorch as in aether.
+const NOISE_FACTOR: f64 = 4.0;
+const FLOOR: f64 = 1e-4;
 
 #[test]
 fn resnet18_step1_gradients_match_pytorch() {
