@@ -31,7 +31,7 @@ struct Params {
 
 // `i` in [-(size - 1), 2 (size - 1)] mirrored into [0, size): the shift is
 // below the size, so one reflection suffices.
-fn reflect(i: i32, size: i32) -> u32 {
+fn reflect_index(i: i32, size: i32) -> u32 {
     var j = i;
     if (j < 0) {
         j = -j;
@@ -64,7 +64,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (params.use_flips != 0u && flips[n] != 0u) {
         cx = params.width - 1u - x;
     }
-    let sy = reflect(i32(y) + dy, i32(params.height));
-    let sx = reflect(i32(cx) + dx, i32(params.width));
+    let sy = reflect_index(i32(y) + dy, i32(params.height));
+    let sx = reflect_index(i32(cx) + dx, i32(params.width));
     output[i] = input[((n * params.height + sy) * params.width + sx) * params.channels + c];
 }
