@@ -142,6 +142,7 @@ pub struct BatchContext<'m> {
     /// The batch's class labels (U32), on the model's device.
     pub labels: Tensor,
     optimizer: &'m mut Adam,
+    layers: &'m [Box<dyn Layer>],
 }
 
 impl BatchContext<'_> {
@@ -149,6 +150,16 @@ impl BatchContext<'_> {
     /// hyperparameters) for this step and the following ones.
     pub fn optimizer(&mut self) -> &mut Adam {
         self.optimizer
+    }
+
+    /// The model's tensors as [`Model::tensors`] names them, as the previous
+    /// step left them, on the model's device: what an average of the weights
+    /// (an EMA kept with `ops::arith::{scale, add}`) reads, recorded into the
+    /// step's submission like the rest of the hook's GPU work. On a GPU a
+    /// parameter is a view of the optimizer's buffer, updated in place by
+    /// later steps: keep a value with a copy (`scale(t, 1.0)`), not a clone.
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+        named_tensors(self.layers)
     }
 }
 
@@ -1262,6 +1273,7 @@ impl Model {
             inputs,
             labels,
             optimizer,
+            layers: &self.layers,
         };
         hook(&mut context)?;
         let BatchContext { inputs, labels, .. } = context;
@@ -1804,17 +1816,7 @@ impl Model {
     /// as in the file (`layers.{i}.{name}`), on the model's device.
     pub fn tensors(&self) -> Result<Vec<(String, Tensor)>> {
         self.input_shape()?;
-        Ok(self
-            .layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, layer)| {
-                layer
-                    .state()
-                    .into_iter()
-                    .map(move |(name, t)| (format!("layers.{i}.{name}"), t.clone()))
-            })
-            .collect())
+        Ok(named_tensors(&self.layers))
     }
 
     /// Replaces the named tensors (as [`Model::tensors`] names them) with
@@ -1995,6 +1997,20 @@ fn parse<'b>(path: &Path, bytes: &'b [u8]) -> Result<(Architecture, safetensors:
         }
     }
     Ok((arch, file))
+}
+
+/// Every layer's state tensors, named `layers.{i}.{name}` as in a model file.
+fn named_tensors(layers: &[Box<dyn Layer>]) -> Vec<(String, Tensor)> {
+    layers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, layer)| {
+            layer
+                .state()
+                .into_iter()
+                .map(move |(name, t)| (format!("layers.{i}.{name}"), t.clone()))
+        })
+        .collect()
 }
 
 /// Fisher-Yates with SplitMix64: the same order for the same seed on every machine.

@@ -2,6 +2,7 @@
 //! model's device with its epoch, step and dataset rows; what it leaves there
 //! is what the step trains on (the same model as the batches given by hand to
 //! `train_tensors`); the learning rate it sets is the one the step uses; an
+//! EMA of the weights it keeps on the device is the EMA of the weights; an
 //! augmentation it records stays in the step's one submission; and a wrong
 //! tensor or an error from it ends `train` with a typed error.
 
@@ -432,3 +433,81 @@ fn a_hook_augmenting_on_the_gpu_keeps_one_submission_per_step() {
         "submissions per step: {per_step:?}"
     );
 }
+
+// An exponential moving average of the weights kept on the device by the
+// hook (`BatchContext::tensors`, `ops::arith`), as airbench's lookahead EMA
+// would be: it equals the same average of the weights read back before each
+// step, and is not the final weights.
+test_device!(
+    a_hook_keeps_an_ema_of_the_weights_on_the_device,
+    |device: &Device| {
+        use aether::ops::arith::{add, scale};
+        const DECAY: f32 = 0.8;
+        let mut rng = Rng::fresh();
+        let (x, y) = data(&mut rng);
+        let mut model = net(device, 7);
+        let ema: Mutex<Vec<(String, Tensor)>> = Mutex::new(Vec::new());
+        let seen: Mutex<Vec<Vec<Vec<f32>>>> = Mutex::new(Vec::new());
+        let hook = |b: &mut BatchContext| {
+            let kernels: Vec<(String, Tensor)> = b
+                .tensors()
+                .into_iter()
+                .filter(|(name, _)| name.ends_with("kernel"))
+                .collect();
+            let mut ema = ema.lock().unwrap();
+            if ema.is_empty() {
+                // A copy: on a GPU the parameter is a view the optimizer updates.
+                for (name, w) in &kernels {
+                    ema.push((name.clone(), scale(w, 1.0)?));
+                }
+            } else {
+                for ((_, e), (_, w)) in ema.iter_mut().zip(&kernels) {
+                    *e = add(&scale(e, DECAY)?, &scale(w, 1.0 - DECAY)?)?;
+                }
+            }
+            let host = kernels
+                .iter()
+                .map(|(_, w)| w.to_vec_f32())
+                .collect::<Result<Vec<_>, _>>()?;
+            seen.lock().unwrap().push(host);
+            Ok(())
+        };
+        model
+            .train(
+                &x,
+                &y,
+                &TrainOptions {
+                    on_batch: Some(&hook),
+                    ..options(2)
+                },
+            )
+            .unwrap();
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(seen.len(), 6);
+        let ema = ema.into_inner().unwrap();
+        let finals = model.tensors().unwrap();
+        for (k, (name, e)) in ema.iter().enumerate() {
+            let mut want = seen[0][k].clone();
+            for step in &seen[1..] {
+                for (w, &v) in want.iter_mut().zip(&step[k]) {
+                    *w = *w * DECAY + v * (1.0 - DECAY);
+                }
+            }
+            let got = e.to_vec_f32().unwrap();
+            let scale_of = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let err = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(err <= 1e-6 * scale_of, "{name}: EMA off by {err}");
+            let last = finals
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap()
+                .1
+                .to_vec_f32()
+                .unwrap();
+            assert_ne!(got, last, "{name}: the average is not the last weights");
+        }
+    }
+);
