@@ -51,7 +51,10 @@ pub use conv::Padding;
 pub use device::Device;
 pub use error::{AetherError, Result};
 pub use graph::{Graph, NodeId};
-pub use model::{Checkpoint, Gradients, History, Loss, Metric, Model, TrainOptions};
+pub use model::{
+    BatchContext, BatchHook, Checkpoint, EpochHook, EpochStats, Gradients, History, Loss, Metric,
+    Model, TrainOptions,
+};
 pub use serde_json;
 pub use tensor::{DType, Shape, Tensor, TensorBuffer};
 pub use tta::Tta;

@@ -46,7 +46,7 @@ pub enum Metric {
 }
 
 /// Options of [`Model::train`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct TrainOptions<'a> {
     pub epochs: usize,
     pub batch_size: usize,
@@ -60,6 +60,107 @@ pub struct TrainOptions<'a> {
     pub progress: bool,
     /// Save the model while training; `None` saves nothing.
     pub checkpoint: Option<Checkpoint>,
+    /// Called before every training step with the batch, already on the
+    /// model's device, its epoch and step, and the optimizer
+    /// ([`BatchContext`]): to augment the batch there (its kernels are
+    /// recorded into the step's one submission), to set the learning rate on
+    /// a schedule, or to read the dataset rows of the batch. An error it
+    /// returns ends `train` with that error before the step changes anything.
+    ///
+    /// A shared `Fn` (not `FnMut`), so `TrainOptions` stays `Clone`, `Send`
+    /// and `Sync`: what a hook changes per step lives in the context; state
+    /// of its own goes in a `Cell` or `Mutex`.
+    ///
+    /// ```
+    /// use aether::ops::augment::reflect_translate_alternating_flip;
+    /// use aether::{BatchContext, TrainOptions};
+    ///
+    /// // airbench's augmentation, and the learning rate halved after 100 steps.
+    /// let hook = |b: &mut BatchContext| {
+    ///     let step = b.step as u32;
+    ///     b.inputs = reflect_translate_alternating_flip(&b.inputs, 2, b.rows, b.seed, step, b.epoch)?;
+    ///     b.optimizer().learning_rate = if b.step < 100 { 1e-3 } else { 5e-4 };
+    ///     Ok(())
+    /// };
+    /// let options = TrainOptions { on_batch: Some(&hook), ..Default::default() };
+    /// # let _ = options;
+    /// ```
+    pub on_batch: Option<&'a BatchHook<'a>>,
+    /// Called after every epoch (its validation done, before any checkpoint
+    /// save) with the epoch's number in this `train` call, from 0, and what
+    /// it measured: to print or plot as training goes, or to stop it early by
+    /// returning an error.
+    pub on_epoch: Option<&'a EpochHook<'a>>,
+}
+
+/// The type of [`TrainOptions::on_batch`].
+pub type BatchHook<'h> = dyn Fn(&mut BatchContext<'_>) -> Result<()> + Sync + 'h;
+/// The type of [`TrainOptions::on_epoch`].
+pub type EpochHook<'h> = dyn Fn(usize, &EpochStats) -> Result<()> + Sync + 'h;
+
+impl std::fmt::Debug for TrainOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrainOptions")
+            .field("epochs", &self.epochs)
+            .field("batch_size", &self.batch_size)
+            .field("shuffle", &self.shuffle)
+            .field(
+                "validation",
+                &self.validation.map(|(x, y)| (x.len(), y.len())),
+            )
+            .field("log_every", &self.log_every)
+            .field("progress", &self.progress)
+            .field("checkpoint", &self.checkpoint)
+            .field("on_batch", &self.on_batch.map(|_| "Fn"))
+            .field("on_epoch", &self.on_epoch.map(|_| "Fn"))
+            .finish()
+    }
+}
+
+/// One training step's batch as [`TrainOptions::on_batch`] sees it, before
+/// the step. The hook may replace `inputs` and `labels` with tensors of the
+/// same shapes on the model's device (an augmented batch), and change the
+/// optimizer's hyperparameters; `train` checks what it hands back.
+pub struct BatchContext<'m> {
+    /// The model's epoch, counted over its life (a resumed checkpoint's
+    /// epochs included), so an epoch-dependent augmentation such as
+    /// [`crate::ops::augment::alternating_flip`] goes on where it stopped.
+    pub epoch: usize,
+    /// The model's step, counted over its life: the key of its dropout masks,
+    /// and a natural key of augmentation draws.
+    pub step: u64,
+    /// The batch's place in its epoch, and the epoch's number of batches.
+    pub batch: usize,
+    pub batches: usize,
+    /// The model's seed ([`Model::seed`]).
+    pub seed: u64,
+    /// The rows of the training data the batch holds, in batch order.
+    pub rows: &'m [usize],
+    /// The batch, NHWC (F16 where the model's first layer rounds to f16
+    /// anyway, see [`Model::input_dtype`]), on the model's device.
+    pub inputs: Tensor,
+    /// The batch's class labels (U32), on the model's device.
+    pub labels: Tensor,
+    optimizer: &'m mut Adam,
+    layers: &'m [Box<dyn Layer>],
+}
+
+impl BatchContext<'_> {
+    /// The model's optimizer: set `learning_rate` (and the other public
+    /// hyperparameters) for this step and the following ones.
+    pub fn optimizer(&mut self) -> &mut Adam {
+        self.optimizer
+    }
+
+    /// The model's tensors as [`Model::tensors`] names them, as the previous
+    /// step left them, on the model's device: what an average of the weights
+    /// (an EMA kept with `ops::arith::{scale, add}`) reads, recorded into the
+    /// step's submission like the rest of the hook's GPU work. On a GPU a
+    /// parameter is a view of the optimizer's buffer, updated in place by
+    /// later steps: keep a value with a copy (`scale(t, 1.0)`), not a clone.
+    pub fn tensors(&self) -> Vec<(String, Tensor)> {
+        named_tensors(self.layers)
+    }
 }
 
 /// Where and how often [`Model::train`] saves the model. Each save is a
@@ -88,6 +189,8 @@ impl Default for TrainOptions<'_> {
             log_every: 20,
             progress: true,
             checkpoint: None,
+            on_batch: None,
+            on_epoch: None,
         }
     }
 }
@@ -99,7 +202,10 @@ pub struct EpochStats {
     pub loss: f32,
     pub accuracy: f32,
     pub validation: Option<(f32, f32)>,
+    /// The whole epoch, validation included.
     pub seconds: f64,
+    /// The training steps alone (what a time per step or per image divides).
+    pub train_seconds: f64,
     pub steps: usize,
 }
 
@@ -430,6 +536,13 @@ impl Model {
         self.loss = Some(loss);
         self.optimizer = Some(optimizer);
         self
+    }
+
+    /// The optimizer given to [`Model::configure`], to change its
+    /// hyperparameters between steps (a learning-rate schedule, say; from
+    /// inside [`Model::train`], [`BatchContext::optimizer`] is the same one).
+    pub fn optimizer_mut(&mut self) -> Option<&mut Adam> {
+        self.optimizer.as_mut()
     }
 
     /// `Ok` where the loss and the optimizer, as configured now, can train
@@ -1133,6 +1246,75 @@ impl Model {
         Ok(None)
     }
 
+    /// Hands one batch to [`TrainOptions::on_batch`] and takes back what it
+    /// left there, checked: the same shapes on the model's device, so a hook
+    /// that swaps in a wrong tensor gets an error naming it, not a step on it.
+    fn run_batch_hook(
+        &mut self,
+        hook: &BatchHook<'_>,
+        inputs: Tensor,
+        labels: Tensor,
+        rows: &[usize],
+        batch: usize,
+        batches: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let (input_dims, label_dims) = (inputs.dims().to_vec(), labels.dims().to_vec());
+        let optimizer = self
+            .optimizer
+            .as_mut()
+            .ok_or_else(|| model_err("call configure(loss, optimizer, metric) first"))?;
+        let mut context = BatchContext {
+            epoch: self.epochs_done,
+            step: self.step,
+            batch,
+            batches,
+            seed: self.seed,
+            rows,
+            inputs,
+            labels,
+            optimizer,
+            layers: &self.layers,
+        };
+        hook(&mut context)?;
+        let BatchContext { inputs, labels, .. } = context;
+        for (what, tensor, dims, dtypes) in [
+            (
+                "inputs",
+                &inputs,
+                &input_dims,
+                &[DType::F32, DType::F16][..],
+            ),
+            ("labels", &labels, &label_dims, &[DType::U32][..]),
+        ] {
+            let problem = if tensor.dims() != dims.as_slice() {
+                Some(format!(
+                    "shape {:?}, the batch's is {dims:?}",
+                    tensor.dims()
+                ))
+            } else if !dtypes.contains(&tensor.dtype()) {
+                Some(format!(
+                    "dtype {:?}, expected one of {dtypes:?}",
+                    tensor.dtype()
+                ))
+            } else if !tensor.device().same_as(&self.device) {
+                Some(format!(
+                    "device {}, the model is on {}",
+                    tensor.device().name(),
+                    self.device.name()
+                ))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                return Err(model_err(format!(
+                    "the on_batch hook left {what} of {problem} (epoch {}, batch {batch})",
+                    self.epochs_done
+                )));
+            }
+        }
+        Ok((inputs, labels))
+    }
+
     /// Trains on flat host data `x` (samples of the input shape) with class labels `y`.
     pub fn train(&mut self, x: &[f32], y: &[u32], options: &TrainOptions) -> Result<History> {
         let n = self.sample_count(x, Some(y))?;
@@ -1176,9 +1358,12 @@ impl Model {
                 .then(|| Progress::epoch(epoch, options.epochs, steps));
             let mut pending = PendingLosses::new(epoch, steps);
             for (s, chunk) in order.chunks(options.batch_size).enumerate() {
-                let xb = self.batch_tensor(x, chunk)?;
+                let mut xb = self.batch_tensor(x, chunk)?;
                 let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
-                let yb = Tensor::from_u32(vec![chunk.len()], labels, &self.device)?;
+                let mut yb = Tensor::from_u32(vec![chunk.len()], labels, &self.device)?;
+                if let Some(hook) = options.on_batch {
+                    (xb, yb) = self.run_batch_hook(hook, xb, yb, chunk, s, steps)?;
+                }
                 let (loss, correct) = self.train_step(&xb, &yb)?;
                 pending.push(self.step, loss.clone(), correct.clone());
                 if (s + 1) % options.log_every.max(1) == 0 || s + 1 == steps {
@@ -1198,6 +1383,7 @@ impl Model {
             }
             self.check_skipped(Some(&pending))?;
             let (loss_sum, correct_sum) = pending.totals()?;
+            let train_seconds = start.elapsed().as_secs_f64();
             let reg = self.regularization_loss()?.unwrap_or(0.0);
             let validation = match options.validation {
                 Some((vx, vy)) => Some(self.evaluate(vx, vy, options.batch_size)?),
@@ -1208,6 +1394,7 @@ impl Model {
                 accuracy: correct_sum as f32 / n as f32,
                 validation,
                 seconds: start.elapsed().as_secs_f64(),
+                train_seconds,
                 steps,
             };
             if let Some(bar) = bar {
@@ -1221,8 +1408,11 @@ impl Model {
                         .unwrap_or_default()
                 ));
             }
-            history.epochs.push(stats);
             self.epochs_done += 1;
+            if let Some(hook) = options.on_epoch {
+                hook(epoch, &stats)?;
+            }
+            history.epochs.push(stats);
             if let Some(checkpoint) = &options.checkpoint
                 && (epoch + 1).is_multiple_of(checkpoint.every_epochs)
             {
@@ -1626,17 +1816,7 @@ impl Model {
     /// as in the file (`layers.{i}.{name}`), on the model's device.
     pub fn tensors(&self) -> Result<Vec<(String, Tensor)>> {
         self.input_shape()?;
-        Ok(self
-            .layers
-            .iter()
-            .enumerate()
-            .flat_map(|(i, layer)| {
-                layer
-                    .state()
-                    .into_iter()
-                    .map(move |(name, t)| (format!("layers.{i}.{name}"), t.clone()))
-            })
-            .collect())
+        Ok(named_tensors(&self.layers))
     }
 
     /// Replaces the named tensors (as [`Model::tensors`] names them) with
@@ -1817,6 +1997,20 @@ fn parse<'b>(path: &Path, bytes: &'b [u8]) -> Result<(Architecture, safetensors:
         }
     }
     Ok((arch, file))
+}
+
+/// Every layer's state tensors, named `layers.{i}.{name}` as in a model file.
+fn named_tensors(layers: &[Box<dyn Layer>]) -> Vec<(String, Tensor)> {
+    layers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, layer)| {
+            layer
+                .state()
+                .into_iter()
+                .map(move |(name, t)| (format!("layers.{i}.{name}"), t.clone()))
+        })
+        .collect()
 }
 
 /// Fisher-Yates with SplitMix64: the same order for the same seed on every machine.

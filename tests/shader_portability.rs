@@ -38,7 +38,7 @@ use aether::nn::{
     Add, AvgPool2d, BatchNorm, Concat, Conv2d, Dense, Dropout, Flatten, GELU, GlobalAvgPool,
     GlobalMaxPool, LeakyReLU, MaxPool2d, ReLU, Scale, SiLU, Softmax, SpatialDropout,
 };
-use aether::ops::augment::random_crop_flip;
+use aether::ops::augment::{random_crop_flip, reflect_translate_alternating_flip};
 use aether::ops::batchnorm::{batch_norm_train, update_running_stats};
 use aether::optim::Adam;
 use aether::{Device, Model, Tensor};
@@ -158,6 +158,15 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
     other.regularization_loss().unwrap();
     let images = Tensor::from_f32(vec![batch, 8, 8, 3], x, device).unwrap();
     random_crop_flip(&images, 2, 3, 1).unwrap();
+    let rows: Vec<usize> = (0..batch).collect();
+    reflect_translate_alternating_flip(&images, 2, &rows, 3, 1, 0).unwrap();
+    if device.gpu_context().is_some_and(|c| c.caps().shader_f16) {
+        // The f16 variants, as a model whose first conv takes f16 uploads its batch.
+        let halves = vec![half::f16::ZERO; batch * 8 * 8 * 3];
+        let images = Tensor::from_f16(vec![batch, 8, 8, 3], halves, device).unwrap();
+        random_crop_flip(&images, 2, 3, 1).unwrap();
+        reflect_translate_alternating_flip(&images, 2, &rows, 3, 1, 0).unwrap();
+    }
     let channel = |v: f32| Tensor::from_f32(vec![3], vec![v; 3], device).unwrap();
     let (_, stats) = batch_norm_train(&images, &channel(1.0), &channel(0.0), 1e-5).unwrap();
     update_running_stats(&channel(0.0), &channel(1.0), &stats, batch * 64, 0.9, 1e-5).unwrap();

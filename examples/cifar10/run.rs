@@ -1,17 +1,16 @@
-//! The example's whole run: device, data, the training loop (on
-//! `Model::train_tensors`, so each batch can be augmented on the model's
-//! device), one line per epoch and `test accuracy: 0.XXXX` at the end.
+//! The example's whole run: device, data, training with `Model::train`
+//! (each batch augmented on the model's device by its `on_batch` hook), one
+//! line per epoch from its `on_epoch` hook and `test accuracy: 0.XXXX` at the
+//! end.
 
-use std::time::Instant;
+use std::sync::Mutex;
 
 use aether::conv::ConvVariant;
 use aether::datasets::cifar10::{Cifar10, IMAGE_SIDE, IMAGE_VALUES, load_cifar10};
 use aether::gpu::GpuOptions;
-use aether::model::PendingLosses;
 use aether::ops::augment::random_crop_flip;
 use aether::optim::Adam;
-use aether::progress::Progress;
-use aether::{Device, Loss, Metric, Model, Result, Tensor};
+use aether::{BatchContext, Device, EpochStats, Loss, Metric, Result, TrainOptions};
 
 use crate::args::{Cifar10Args, ZooModel, check_args};
 
@@ -20,7 +19,8 @@ use crate::args::{Cifar10Args, ZooModel, check_args};
 pub struct EpochReport {
     /// Counting from 1.
     pub epoch: usize,
-    /// Mean loss of the epoch's steps (label-smoothed, with dropout).
+    /// Mean loss of the epoch's steps (label-smoothed, with dropout), plus
+    /// the L1/L2 penalty (none in the zoo's models).
     pub train_loss: f32,
     pub train_accuracy: f32,
     pub test_loss: f32,
@@ -126,14 +126,14 @@ pub fn run(args: &Cifar10Args) -> Result<RunSummary> {
     model.to(&device)?;
     model.finalize(&[IMAGE_SIDE, IMAGE_SIDE, 3])?;
 
-    let mut trainer = Trainer {
-        model,
-        args,
-        step: 0,
+    // On the model's device: the GPU when training there.
+    let augment = |b: &mut BatchContext| {
+        b.inputs = random_crop_flip(&b.inputs, AUGMENT_PAD, b.seed, b.step as u32)?;
+        Ok(())
     };
-    let mut epochs = Vec::with_capacity(args.epochs);
-    for epoch in 0..args.epochs {
-        let report = trainer.epoch(epoch, &data.train_x, &data.train_y, test_x, test_y)?;
+    let epochs = Mutex::new(Vec::with_capacity(args.epochs));
+    let report = |epoch: usize, stats: &EpochStats| {
+        let report = epoch_report(epoch, stats, data.train_y.len());
         println!(
             "epoch {:>3}/{}  train loss {:.4}  train acc {:.4}  test loss {:.4}  test acc {:.4}  \
              {:.1} ms/step  {:.0} images/s",
@@ -146,9 +146,20 @@ pub fn run(args: &Cifar10Args) -> Result<RunSummary> {
             report.ms_per_step,
             report.images_per_second
         );
-        epochs.push(report);
-    }
-    let model = trainer.model;
+        epochs.lock().expect("one thread reports").push(report);
+        Ok(())
+    };
+    let options = TrainOptions {
+        epochs: args.epochs,
+        batch_size: args.batch_size,
+        validation: Some((test_x, test_y)),
+        log_every: LOG_EVERY,
+        on_batch: args.augment.then_some(&augment as &aether::BatchHook),
+        on_epoch: Some(&report),
+        ..TrainOptions::default()
+    };
+    model.train(&data.train_x, &data.train_y, &options)?;
+    let epochs = epochs.into_inner().expect("one thread reports");
 
     if let Some(path) = &args.save {
         model.save(path)?;
@@ -235,99 +246,17 @@ fn synthetic(limit: Option<usize>) -> Result<Cifar10> {
     })
 }
 
-/// The training loop of [`run`], on `Model::train_tensors` so that each batch
-/// can be augmented on the model's device after upload.
-struct Trainer<'a> {
-    model: Model,
-    args: &'a Cifar10Args,
-    /// Steps taken so far, over all epochs.
-    step: u64,
-}
-
-impl Trainer<'_> {
-    fn epoch(
-        &mut self,
-        epoch: usize,
-        x: &[f32],
-        y: &[u32],
-        test_x: &[f32],
-        test_y: &[u32],
-    ) -> Result<EpochReport> {
-        let n = y.len();
-        let batch_size = self.args.batch_size;
-        let steps = n.div_ceil(batch_size);
-        let epoch_seed = mix(self.args.seed, epoch as u64);
-        let order = permutation(n, epoch_seed);
-        let bar = Progress::epoch(epoch, self.args.epochs, steps);
-        let start = Instant::now();
-        let mut pending = PendingLosses::new(epoch, steps);
-        // A batch holds at most every image (the batch size is the user's).
-        let mut batch = Vec::with_capacity(batch_size.min(n) * IMAGE_VALUES);
-        for (s, chunk) in order.chunks(batch_size).enumerate() {
-            batch.clear();
-            for &i in chunk {
-                batch.extend_from_slice(&x[i * IMAGE_VALUES..(i + 1) * IMAGE_VALUES]);
-            }
-            let device = self.model.device().clone();
-            let mut xb = Tensor::from_f32(
-                vec![chunk.len(), IMAGE_SIDE, IMAGE_SIDE, 3],
-                std::mem::take(&mut batch),
-                &device,
-            )?;
-            if self.args.augment {
-                // On the model's device: the GPU when training there.
-                xb = random_crop_flip(&xb, AUGMENT_PAD, self.args.seed, self.step as u32)?;
-            }
-            let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
-            let yb = Tensor::from_u32(vec![chunk.len()], labels, &device)?;
-            let (loss, correct) = self.model.train_tensors(&xb, &yb)?;
-            self.step += 1;
-            if (s + 1) % LOG_EVERY == 0 || s + 1 == steps {
-                let value = pending.logged(self.step, &loss)?;
-                let rate = (s + 1) as f64 / start.elapsed().as_secs_f64();
-                bar.set_message(format!("loss {value:.4}  {rate:.1} steps/s"));
-            }
-            bar.inc(1);
-            pending.push(self.step, loss, correct);
-        }
-        let (loss_sum, correct_sum) = pending.totals()?;
-        let train_seconds = start.elapsed().as_secs_f64();
-        bar.finish_and_clear();
-        let (test_loss, test_accuracy) = self.model.evaluate(test_x, test_y, batch_size)?;
-        Ok(EpochReport {
-            epoch: epoch + 1,
-            train_loss: (loss_sum / steps as f64) as f32,
-            train_accuracy: correct_sum as f32 / n as f32,
-            test_loss,
-            test_accuracy,
-            train_seconds,
-            ms_per_step: train_seconds * 1000.0 / steps as f64,
-            images_per_second: n as f64 / train_seconds,
-        })
+/// One epoch's line of [`run`], from what `Model::train` measured.
+fn epoch_report(epoch: usize, stats: &EpochStats, images: usize) -> EpochReport {
+    let (test_loss, test_accuracy) = stats.validation.unwrap_or((f32::NAN, f32::NAN));
+    EpochReport {
+        epoch: epoch + 1,
+        train_loss: stats.loss,
+        train_accuracy: stats.accuracy,
+        test_loss,
+        test_accuracy,
+        train_seconds: stats.train_seconds,
+        ms_per_step: stats.train_seconds * 1000.0 / stats.steps as f64,
+        images_per_second: images as f64 / stats.train_seconds,
     }
-}
-
-fn mix(seed: u64, value: u64) -> u64 {
-    let mut state = seed ^ value.wrapping_mul(0xd134_2543_de82_ef95);
-    splitmix64(&mut state)
-}
-
-/// A Fisher-Yates shuffle of `0..n`, the same for the same seed everywhere.
-fn permutation(n: usize, seed: u64) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..n).collect();
-    let mut state = seed;
-    for i in (1..n).rev() {
-        let j = (splitmix64(&mut state) % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
-    order
-}
-
-/// SplitMix64: a fast, well-mixed stream from any seed (shuffling, seeds).
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }

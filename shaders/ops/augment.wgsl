@@ -2,10 +2,11 @@
 // an NHWC batch (the CIFAR recipe), drawn from Philox so the CPU path gives the
 // same crops. One u32 per image: dy = r % (2 pad + 1), dx = (r >> 8) % (2 pad + 1),
 // flip = r >> 31; the output pixel (y, x) reads (y + dy - pad, x' + dx - pad)
-// with x' = W - 1 - x when flipped, and 0 outside the image.
+// with x' = W - 1 - x when flipped, and 0 outside the image. `Elem` (f32 or
+// f16) is aliased before this file.
 
-@group(0) @binding(0) var<storage, read> input: array<f32>;
-@group(0) @binding(1) var<storage, read_write> output: array<f32>;
+@group(0) @binding(0) var<storage, read> input: array<Elem>;
+@group(0) @binding(1) var<storage, read_write> output: array<Elem>;
 
 struct Params {
     len: u32,
@@ -38,7 +39,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let cx = select(x, params.width - 1u - x, (r >> 31u) == 1u);
     let sy = i32(y + dy) - i32(params.pad);
     let sx = i32(cx + dx) - i32(params.pad);
-    var value = 0.0;
+    var value = Elem(0.0);
     if (sy >= 0 && sy < i32(params.height) && sx >= 0 && sx < i32(params.width)) {
         value = input[((n * params.height + u32(sy)) * params.width + u32(sx)) * params.channels + c];
     }

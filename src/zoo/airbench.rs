@@ -8,7 +8,7 @@ use super::whitening_kernel;
 use crate::conv::Padding;
 use crate::error::Result;
 use crate::model::Model;
-use crate::nn::{BatchNorm, Conv2d, Dense, Flatten, GELU, MaxPool2d, Scale};
+use crate::nn::{BatchNorm, Conv2d, Dense, Flatten, GELU, LayerSpec, MaxPool2d, Scale};
 
 /// Group widths of airbench94.
 const WIDTHS: [usize; 3] = [64, 256, 256];
@@ -51,6 +51,46 @@ pub fn airbench94_net(seed: u64) -> Model {
         .add(Dense::new(10).bias(false))
         .add(Scale::new(1.0 / 9.0));
     model
+}
+
+/// `(aether tensor, PyTorch state_dict entry)` for [`airbench94_net`] and
+/// its PyTorch twin as one `nn.Sequential` of the same layers in the same
+/// order (`benches/pytorch_models.py`'s `airbench94`: module `i` is layer
+/// `i`), for [`crate::import::load_pytorch_state_dict`]. The BatchNorms'
+/// scales are fixed at 1 in both and have no entry: leave `{i}.weight` of
+/// the BatchNorm modules out of the saved `state_dict`.
+pub fn airbench94_pytorch_names() -> Vec<(String, String)> {
+    let model = airbench94_net(0);
+    let mut names = Vec::new();
+    for i in 0.. {
+        let Some(spec) = model.layer_spec(i) else {
+            break;
+        };
+        let mut tensors = Vec::new();
+        match spec {
+            LayerSpec::Conv2d { bias, .. } | LayerSpec::Dense { bias, .. } => {
+                tensors.push(("kernel", "weight"));
+                if bias {
+                    tensors.push(("bias", "bias"));
+                }
+            }
+            LayerSpec::BatchNorm { scale, .. } => {
+                if scale {
+                    tensors.push(("gamma", "weight"));
+                }
+                tensors.extend([
+                    ("beta", "bias"),
+                    ("running_mean", "running_mean"),
+                    ("running_var", "running_var"),
+                ]);
+            }
+            _ => {}
+        }
+        for (mine, theirs) in tensors {
+            names.push((format!("layers.{i}.{mine}"), format!("{i}.{theirs}")));
+        }
+    }
+    names
 }
 
 fn norm() -> BatchNorm {

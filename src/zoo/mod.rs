@@ -6,7 +6,7 @@ mod airbench;
 mod resnet;
 mod whitening;
 
-pub use airbench::{airbench94_net, whiten_first_conv};
+pub use airbench::{airbench94_net, airbench94_pytorch_names, whiten_first_conv};
 pub use resnet::{resnet18_cifar, resnet18_cifar_pytorch_names};
 pub use whitening::whitening_kernel;
 
