@@ -32,6 +32,11 @@ fn cases() -> Vec<([usize; 4], PoolParams, &'static str)> {
             "2x2/2 valid, odd",
         ),
         (
+            [2, 8, 7, 5],
+            PoolParams::new(3, 3, Padding::Valid),
+            "3x3/3 valid, 2 rows and 1 column left over",
+        ),
+        (
             [1, 9, 7, 3],
             PoolParams::new(3, 2, Padding::Same),
             "3x3/2 same",
@@ -707,7 +712,8 @@ fn value_bits(t: &Tensor) -> Vec<u32> {
 test_device!(
     max_pool_with_dropout_folded_in_is_bit_identical_to_the_two,
     |device: &Device| {
-        // 2x2/2 pools. Shapes: a few odd maps; many small maps, so a workgroup's
+        // 2x2/2 pools. Shapes: a few odd maps (one with a row and a column
+        // past the last window, written as zeros with it); many small maps, so a workgroup's
         // outputs straddle maps and share a table of their masks; 36 and 2048
         // channels, where a workgroup's maps need more than the table's 1024
         // draws (at 4 outputs an invocation) and each invocation draws; 3
@@ -724,6 +730,7 @@ test_device!(
             [64, 2, 2, 36],
             [2, 2, 2, 2048],
             [5, 4, 6, 3],
+            [3, 7, 5, 8],
         ] {
             let len = numel(dims);
             let mut data: Vec<f32> = rng
@@ -772,17 +779,18 @@ test_device!(
                 }
             }
         }
-        // Windows that do not tile the input, and F16 over 6 channels.
+        // Overlapping windows (3x3/2), and F16 over 6 channels.
         let dropout = PoolDropout {
             rate: 0.5,
             seed,
             step,
         };
-        let x = Tensor::from_f32(vec![1, 5, 4, 4], rng.vec(80), device).unwrap();
+        let overlapping = PoolParams::new(3, 2, Padding::Valid);
+        let x = Tensor::from_f32(vec![1, 5, 5, 4], rng.vec(100), device).unwrap();
         let x6 = Tensor::from_f32(vec![1, 4, 4, 6], rng.vec(96), device).unwrap();
-        for (x, output) in [(&x, DType::F32), (&x6, DType::F16)] {
+        for (x, p, output) in [(&x, &overlapping, DType::F32), (&x6, &params, DType::F16)] {
             assert!(matches!(
-                max_pool2d_dropout(x, &params, &dropout, output),
+                max_pool2d_dropout(x, p, &dropout, output),
                 Err(AetherError::InvalidShape {
                     op: "max_pool2d_dropout",
                     ..

@@ -1,8 +1,10 @@
-// Max pool backward where the windows tile the input exactly (stride = filter,
-// no padding, no input left over, as the usual 2x2/2 pool): one invocation per
-// output element writes the whole window, dy at its argmax and 0 elsewhere.
-// Every dx element is written exactly once, and the window's index math is done
-// once instead of once per input element. The result is bit-identical to the
+// Max pool backward where the windows partition the input (stride = filter, no
+// padding, as the usual 2x2/2 pool): one invocation per output element writes
+// the whole window, dy at its argmax and 0 elsewhere. Rows and columns no
+// window reaches (an odd input under a 2x2/2 pool: fewer than a stride of
+// them, at the far edges) go to the last window of their row or column, as
+// zeros. Every dx element is written exactly once, and the window's index math
+// is done once instead of once per input element. The result is bit-identical to the
 // gather (pool_max_backward.wgsl): there each element sums 0.0 + dy, so -0.0
 // becomes +0.0 here too, on the bits (drivers need not keep signed zeros).
 
@@ -15,13 +17,22 @@
 @group(0) @binding(1) var<storage, read> argmax4: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> dx4: array<vec4<f32>>;
 
+// The input rows (x) and columns (y) output position `at`'s window writes:
+// its filter, and for the last window of an axis the leftover past it too.
+fn owned_extent(at: NhwcPosition) -> vec2<u32> {
+    let rows = select(params.filter_h, params.h - at.row * params.stride_h, at.row + 1u == params.h_out);
+    let cols = select(params.filter_w, params.w - at.col * params.stride_w, at.col + 1u == params.w_out);
+    return vec2<u32>(rows, cols);
+}
+
 // Writes output `o`'s window of dx: gradient `g` at `winner` (the window's
 // argmax), 0 elsewhere.
 fn scatter_window(o: u32, g: f32, winner: u32) {
     let at = nhwc_position(o, params.h_out, params.w_out);
     let grad = select(g, 0.0, bitcast<u32>(g) == 0x80000000u);
-    for (var r = 0u; r < params.filter_h; r++) {
-        for (var s = 0u; s < params.filter_w; s++) {
+    let extent = owned_extent(at);
+    for (var r = 0u; r < extent.x; r++) {
+        for (var s = 0u; s < extent.y; s++) {
             let i = input_index(at.n, at.row * params.stride_h + r, at.col * params.stride_w + s, at.ch);
             dx[i] = select(0.0, grad, i == winner);
         }
@@ -83,8 +94,9 @@ fn main_dropout4(
     let grad = select(masked, vec4(0.0), bitcast<vec4<u32>>(masked) == vec4(0x80000000u));
     let at = nhwc_position(o, params.h_out, params.w_out);
     let lanes = vec4(0u, 1u, 2u, 3u);
-    for (var r = 0u; r < params.filter_h; r++) {
-        for (var s = 0u; s < params.filter_w; s++) {
+    let extent = owned_extent(at);
+    for (var r = 0u; r < extent.x; r++) {
+        for (var s = 0u; s < extent.y; s++) {
             let i = input_index(at.n, at.row * params.stride_h + r, at.col * params.stride_w + s, at.ch);
             dx4[i / 4u] = select(vec4(0.0), grad, vec4(i) + lanes == winner);
         }

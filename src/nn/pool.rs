@@ -81,7 +81,7 @@ impl Layer for MaxPool2d {
         Ok(shape)
     }
 
-    /// Where the windows tile the input (the fused backward writes each
+    /// Where the windows partition the input (the fused backward writes each
     /// window once).
     fn fuse_spatial_dropout(&mut self, rate: f32, seed: u64) -> bool {
         let [h, w, c] = self.input;

@@ -109,12 +109,13 @@ struct PoolGeometry {
 }
 
 impl PoolGeometry {
-    /// Whether the windows cover every input element exactly once: stride equal
-    /// to the filter, no padding, no rows or columns left over.
+    /// Whether the windows partition the input: stride equal to the filter and
+    /// no padding, so no element is in two windows. Rows or columns left over
+    /// past the last window (fewer than a stride) are in none: the backward
+    /// writes them as zeros with that last window.
     fn windows_tile_input(&self) -> bool {
         (self.stride_h, self.stride_w) == (self.filter_h, self.filter_w)
             && (self.pad_top, self.pad_left) == (0, 0)
-            && (self.h, self.w) == (self.h_out * self.stride_h, self.w_out * self.stride_w)
     }
 
     /// Geometry of pooling an `input` (NHWC) with `p`, or a typed error when a size
@@ -547,8 +548,9 @@ pub fn max_pool2d_backward(
     let ctx = gpu_context(dy);
     g.check_loops(OP, ctx)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F32)?;
-    // Windows that tile the input: one invocation per window writes all of it
-    // (same bits as the gather); else one per input element gathers.
+    // Windows that partition the input: one invocation per window writes all
+    // of it and any leftover edge (same bits as the gather); else one per
+    // input element gathers.
     let (kernel, source, len) = if g.windows_tile_input() {
         (
             "pool_max_backward_tiled",
@@ -578,8 +580,9 @@ pub fn pooled_dims(op: &'static str, input: [usize; 3], p: &PoolParams) -> Resul
     Ok([g.h_out, g.w_out, g.c])
 }
 
-/// Whether pooling NHWC `input` with `p` tiles it with windows (stride equal to
-/// the filter, no padding, nothing left over): what [`max_pool2d_dropout`] needs.
+/// Whether pooling NHWC `input` with `p` partitions it into windows (stride
+/// equal to the filter, no padding; rows or columns left over at the far edges
+/// are in no window): what [`max_pool2d_dropout`] needs.
 pub fn windows_tile(input: [usize; 4], p: &PoolParams) -> bool {
     PoolGeometry::new("windows_tile", input, p).is_ok_and(|g| g.windows_tile_input())
 }
@@ -610,7 +613,7 @@ fn fused_geometry(
 ) -> Result<PoolGeometry> {
     let g = PoolGeometry::new(op, input_dims, p)?;
     let reason = if !g.windows_tile_input() {
-        "the windows must tile the input (stride = filter, no padding, nothing left over)".into()
+        "the windows must partition the input (stride = filter, no padding)".into()
     } else if !matches!(output, DType::F32 | DType::F16) {
         format!("output {output:?}: F32 or F16")
     } else if output == DType::F16 && !g.c.is_multiple_of(4) {
@@ -628,7 +631,7 @@ fn fused_geometry(
 /// [`max_pool2d`] followed by [`crate::ops::dropout::spatial_dropout_as`] of
 /// its output, in one pass: `(y, argmax)` bit-identical to the two (the mask
 /// is not kept: [`max_pool2d_dropout_backward`] draws it again). For windows
-/// that tile the input; `output` F32, or F16 for channels in fours.
+/// that partition the input (stride = filter, no padding); `output` F32, or F16 for channels in fours.
 pub fn max_pool2d_dropout(
     x: &Tensor,
     p: &PoolParams,
