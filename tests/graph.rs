@@ -8,16 +8,20 @@ mod common;
 use std::collections::HashMap;
 
 use aether::conv::Padding;
+use aether::conv::clip_f16_range;
 use aether::data::synthetic_images;
 use aether::model::{Loss, Metric};
 use aether::nn::{
     Add, BatchNorm, Concat, Conv2d, Dense, Flatten, GELU, GlobalAvgPool, Identity, ReLU, Scale,
     SiLU,
 };
-use aether::ops::activation::{Smooth, smooth_activation, smooth_activation_backward};
+use aether::ops::activation::{
+    Smooth, smooth_activation, smooth_activation_as, smooth_activation_backward,
+};
 use aether::ops::arith::{add, add_relu, scale};
 use aether::ops::concat::{concat_channels, split_channels};
 use aether::optim::Adam;
+use aether::tensor::DType;
 use aether::{AetherError, Device, Graph, Model, NodeId, Tensor, TrainOptions};
 use common::{Rng, f32_bits, report};
 
@@ -138,6 +142,45 @@ test_device!(gelu_and_silu_match_f64, |device: &Device| {
     }
 });
 
+test_device!(
+    smooth_activations_stored_as_f16_are_their_f32_values_rounded,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        // Past f16's range both ways (saturated at +-65504), tiny values
+        // (subnormal f16), a NaN; LEN is not a multiple of the kernel's eight.
+        let mut xs: Vec<f32> = rng.vec(LEN).iter().map(|v| 4.0 * v).collect();
+        xs[3] = 1e6;
+        xs[4] = -1e6;
+        xs[9] = 3e-6;
+        xs[10] = f32::NAN;
+        xs[LEN - 1] = 2e5;
+        let x = Tensor::from_f32(vec![LEN], xs, device).unwrap();
+        for kind in [Smooth::Gelu, Smooth::Silu] {
+            let y = smooth_activation(&x, kind).unwrap().to_vec_f32().unwrap();
+            let want: Vec<u16> = y
+                .iter()
+                .map(|&v| half::f16::from_f32(clip_f16_range(v)).to_bits())
+                .collect();
+            let stored = smooth_activation_as(&x, kind, DType::F16).unwrap();
+            assert_eq!(stored.dtype(), DType::F16);
+            let got: Vec<u16> = stored
+                .to_vec_f32()
+                .unwrap()
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_bits())
+                .collect();
+            assert_eq!(
+                got,
+                want,
+                "{kind:?} on {} (seed {})",
+                device.name(),
+                rng.seed
+            );
+        }
+        assert!(smooth_activation_as(&x, Smooth::Gelu, DType::U32).is_err());
+    }
+);
+
 test_device!(concat_and_split_move_channels_exactly, |device: &Device| {
     let mut rng = Rng::fresh();
     let lead = [2usize, 3, 5];
@@ -205,6 +248,45 @@ fn forked_graph(seed: u64) -> Model {
         Metric::CategoricalAccuracy,
     );
     model
+}
+
+/// On a GPU whose convs take f16 operands, the GELU that feeds a conv writes
+/// f16 (what the conv would round it to): the forked graph's predictions and
+/// gradients stay those of the CPU within the f16 operands' rounding.
+#[test]
+fn a_gelu_feeding_a_conv_hands_over_f16_on_the_gpu() {
+    let Some(gpu) = common::gpu() else { return };
+    let mut rng = Rng::fresh();
+    let input = [6usize, 7, 3];
+    let (x, y) = synthetic_images(5, 6, 7, rng.next_u64()).unwrap();
+    let y: Vec<u32> = y.iter().map(|l| l % 3).collect();
+    let on = |device: &Device| {
+        let mut model = forked_graph(rng.seed);
+        model.to(device).unwrap();
+        model.finalize(&input).unwrap();
+        let logits = model.predict(&x, 5, true).unwrap();
+        (
+            model.f16_outputs(),
+            logits,
+            model.gradients(&x, &y).unwrap(),
+        )
+    };
+    let (_, cpu_logits, cpu) = on(&Device::Cpu);
+    let (f16_outputs, gpu_logits, gpu_grads) = on(&gpu);
+    let f16_convs = gpu.gpu_context().unwrap().caps().shader_f16;
+    if f16_convs {
+        assert!(
+            f16_outputs.contains(&1),
+            "GELU (layer 1) feeds a conv: {f16_outputs:?}"
+        );
+    }
+    let widen = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    let err = norm_rel(&gpu_logits, &widen(&cpu_logits));
+    assert!(err < 2e-2, "logits differ by {err:e} (seed {})", rng.seed);
+    for ((name, g), (_, c)) in gpu_grads.tensors.iter().zip(&cpu.tensors) {
+        let err = norm_rel(g, &widen(c));
+        assert!(err < 0.2, "{name}: {err:e} (seed {})", rng.seed);
+    }
 }
 
 /// A model file's tensors: shape and values by name.

@@ -5,13 +5,13 @@ use super::{Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
 use crate::error::{Result, check_hyperparameter};
 use crate::ops::activation::{
-    Smooth, leaky_relu, leaky_relu_backward, relu_backward, smooth_activation,
+    Smooth, leaky_relu, leaky_relu_backward, relu_backward, smooth_activation_as,
     smooth_activation_backward,
 };
 use crate::ops::arith::scale;
 use crate::ops::loss::{softmax, softmax_backward};
 use crate::ops::relu;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// `max(x, 0)`, elementwise; `ReLU::default()` makes one. Right after a
 /// BatchNorm it runs inside that layer (see [`Model::fuse_relu`](crate::Model::fuse_relu)).
@@ -130,18 +130,34 @@ impl Layer for Softmax {
     }
 }
 
-/// A smooth activation layer over any shape, keeping its input for the backward.
+/// A smooth activation layer over any shape, keeping its input for the
+/// backward. Its output goes as f16 where the next layer rounds its input to
+/// f16 (see `Layer::output_rounded_to_f16`).
 struct SmoothLayer {
     kind: Smooth,
     input: Option<Tensor>,
+    output: DType,
 }
 
 impl SmoothLayer {
+    fn new(kind: Smooth) -> Self {
+        Self {
+            kind,
+            input: None,
+            output: DType::F32,
+        }
+    }
+
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         if matches!(mode, Mode::Train { .. }) {
             self.input = Some(x.clone());
         }
-        smooth_activation(x, self.kind)
+        smooth_activation_as(x, self.kind, self.output)
+    }
+
+    fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
+        self.output = if rounded { DType::F16 } else { DType::F32 };
+        rounded
     }
 
     fn backward(
@@ -162,10 +178,7 @@ pub struct GELU(SmoothLayer);
 
 impl Default for GELU {
     fn default() -> Self {
-        Self(SmoothLayer {
-            kind: Smooth::Gelu,
-            input: None,
-        })
+        Self(SmoothLayer::new(Smooth::Gelu))
     }
 }
 
@@ -174,10 +187,7 @@ pub struct SiLU(SmoothLayer);
 
 impl Default for SiLU {
     fn default() -> Self {
-        Self(SmoothLayer {
-            kind: Smooth::Silu,
-            input: None,
-        })
+        Self(SmoothLayer::new(Smooth::Silu))
     }
 }
 
@@ -207,6 +217,10 @@ macro_rules! smooth_layer {
 
             fn end_step(&mut self) {
                 self.0.input = None;
+            }
+
+            fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
+                self.0.output_rounded_to_f16(rounded)
             }
         }
     };

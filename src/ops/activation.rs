@@ -187,6 +187,11 @@ const SMOOTH_SHADER: &str = concat!(
     include_str!("../../shaders/ops/activation_smooth_common.wgsl"),
     include_str!("../../shaders/ops/activation_smooth.wgsl")
 );
+const SMOOTH_F16_SHADER: &str = concat!(
+    include_str!("../../shaders/common/f16_bits.wgsl"),
+    include_str!("../../shaders/ops/activation_smooth_common.wgsl"),
+    include_str!("../../shaders/ops/activation_smooth_f16.wgsl")
+);
 const SMOOTH_BACKWARD_SHADER: &str = concat!(
     include_str!("../../shaders/ops/activation_smooth_common.wgsl"),
     include_str!("../../shaders/ops/activation_smooth_backward.wgsl")
@@ -269,6 +274,50 @@ pub fn smooth_activation(x: &Tensor, kind: Smooth) -> Result<Tensor> {
         return Tensor::from_f32(x.dims().to_vec(), y, &x.device());
     }
     gpu_elementwise(kernel, kernel, SMOOTH_SHADER, &[x], &[])
+}
+
+/// [`smooth_activation`] stored as `output`: F32, or F16 for a consumer that
+/// rounds its input to f16 anyway (saturated at +-65504 and rounded as
+/// `half::f16::from_f32`, NaN kept: the values it would have rounded to, in
+/// half the bytes).
+pub fn smooth_activation_as(x: &Tensor, kind: Smooth, output: DType) -> Result<Tensor> {
+    match output {
+        DType::F32 => return smooth_activation(x, kind),
+        DType::F16 => {}
+        other => {
+            return Err(AetherError::InvalidShape {
+                op: "smooth_activation_as",
+                shape: x.dims().to_vec(),
+                reason: format!("output {other:?}: F32 or F16"),
+            });
+        }
+    }
+    let (kernel, _) = kind.kernels();
+    check_operands(kernel, &[x])?;
+    if let Some(xs) = x.host_f32() {
+        let y = xs
+            .par_iter()
+            .map(|&v| half::f16::from_f32(crate::conv::clip_f16_range(kind.value(v))))
+            .collect();
+        return Tensor::from_f16(x.dims().to_vec(), y, &x.device());
+    }
+    let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
+    let key = PipelineKey::new(kernel, "f16_output");
+    let pipeline = ctx
+        .pipelines()
+        .require(&key, kernel, || SMOOTH_F16_SHADER.into())?;
+    let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F16)?;
+    let len = x.numel();
+    let (grid, row_stride) = elementwise_grid(ctx, len.div_ceil(8));
+    let params = [len as u32, row_stride];
+    ctx.dispatch(
+        kernel,
+        &pipeline,
+        &[x.gpu_slice().expect("GPU"), y.gpu_slice().expect("GPU")],
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok(y)
 }
 
 /// The gradient of [`smooth_activation`]: `dy * f'(x)`.
