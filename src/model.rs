@@ -19,10 +19,11 @@ use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::graph::{self, Graph, NodeId};
 use crate::nn::{Layer, LayerSpec, Mode};
 use crate::ops::loss::{
-    correct_count, cross_entropy, softmax, softmax_cross_entropy,
-    softmax_cross_entropy_with_correct,
+    correct_count, cross_entropy_scaled, softmax, softmax_cross_entropy_with_correct_scaled,
 };
-use crate::optim::{Adam, AdamState, Param, regularization_loss};
+use crate::optim::{
+    Adam, LossScale, LossScaler, Optimizer, OptimizerState, Param, Sgd, regularization_loss,
+};
 use crate::progress::Progress;
 use crate::tensor::{DType, Tensor};
 
@@ -140,7 +141,8 @@ const METADATA_KEY: &str = "aether_architecture";
 const TRAINING_KEY: &str = "aether_training";
 
 /// Where training stands, as a checkpoint saves it beside the optimizer's
-/// moments (tensors `optimizer.m.{k}` and `optimizer.v.{k}`).
+/// state (tensors `optimizer.{buffer}.{k}`: Adam's `m` and `v`, SGD's
+/// `momentum`). Adam's fields keep their names of files before SGD.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct TrainingState {
     /// The model's seed: its dropout masks and shuffles.
@@ -154,8 +156,22 @@ struct TrainingState {
     beta2: f32,
     epsilon: f32,
     weight_decay: f32,
-    /// The optimizer's step count (its bias correction).
+    /// The optimizer's step count (Adam's bias correction).
     adam_steps: u32,
+    /// Present where the optimizer is SGD (the Adam fields are then unused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sgd: Option<SgdSettings>,
+    /// The loss scaler's scale and its steps toward the next growth, where
+    /// the model trained with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    loss_scale: Option<(f32, u32)>,
+}
+
+/// SGD's hyperparameters beside [`TrainingState`]'s learning rate and decay.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct SgdSettings {
+    momentum: f32,
+    nesterov: bool,
 }
 
 /// A network: a plain stack of layers applied in order, or a graph of them
@@ -203,7 +219,13 @@ pub struct Model {
     readers: Vec<Vec<usize>>,
     input_readers: Vec<usize>,
     loss: Option<Loss>,
-    optimizer: Option<Adam>,
+    optimizer: Option<Optimizer>,
+    /// How the loss gradient is scaled, and the scaler it resolved to on the
+    /// first step on this device (dropped with the optimizer's state).
+    loss_scale: LossScale,
+    scaler: Option<LossScaler>,
+    /// A checkpoint's scale and growth count, for the first scaler after it.
+    restored_scale: Option<(f32, u32)>,
     device: Device,
     input_shape: Option<Vec<usize>>,
     /// Per-sample shape after each layer, from `finalize`: what bounds the
@@ -327,6 +349,9 @@ impl Model {
             input_readers: Vec::new(),
             loss: None,
             optimizer: None,
+            loss_scale: LossScale::Auto,
+            scaler: None,
+            restored_scale: None,
             device: Device::Cpu,
             input_shape: None,
             output_shapes: Vec::new(),
@@ -426,10 +451,63 @@ impl Model {
     /// checked at `finalize`). `metric` names what `train` and `evaluate`
     /// report beside the loss; [`Metric::CategoricalAccuracy`] is the only
     /// one and is always reported, so the argument changes nothing.
-    pub fn configure(&mut self, loss: Loss, optimizer: Adam, _metric: Metric) -> &mut Self {
+    pub fn configure(
+        &mut self,
+        loss: Loss,
+        optimizer: impl Into<Optimizer>,
+        _metric: Metric,
+    ) -> &mut Self {
         self.loss = Some(loss);
-        self.optimizer = Some(optimizer);
+        self.optimizer = Some(optimizer.into());
         self
+    }
+
+    /// How the loss gradient is scaled ([`LossScale`]; by default
+    /// [`LossScale::Auto`]: GradScaler's dynamic scale where a layer rounds
+    /// its output gradient to f16, none on the CPU path). Takes effect at the
+    /// next step from a fresh scale.
+    pub fn set_loss_scale(&mut self, scale: LossScale) -> Result<&mut Self> {
+        scale.validate()?;
+        self.loss_scale = scale;
+        self.scaler = None;
+        self.restored_scale = None;
+        Ok(self)
+    }
+
+    /// The loss scale now and the steps counted toward its next growth;
+    /// `None` where the model trains unscaled (or took no step yet and
+    /// resumed none). On the GPU this reads the scale back.
+    pub fn loss_scale(&self) -> Result<Option<(f32, u32)>> {
+        match &self.scaler {
+            Some(scaler) => scaler.scale().map(Some),
+            None => Ok(self.restored_scale),
+        }
+    }
+
+    /// The optimizer, once configured (its step count, state, gate).
+    pub fn optimizer(&self) -> Option<&Optimizer> {
+        self.optimizer.as_ref()
+    }
+
+    /// Whether any layer rounds its output gradient to f16 on this device:
+    /// what [`LossScale::Auto`] scales for.
+    fn rounds_grads_to_f16(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| l.rounds_output_grad_to_f16(&self.device))
+    }
+
+    /// The loss scaler of the next step, made on the first one.
+    fn ensure_scaler(&mut self) -> Result<()> {
+        if self.scaler.is_some() {
+            return Ok(());
+        }
+        self.scaler = LossScaler::new(self.loss_scale, self.rounds_grads_to_f16(), &self.device)?;
+        if let (Some(scaler), Some((scale, good))) = (&mut self.scaler, self.restored_scale.take())
+        {
+            *scaler = LossScaler::with_state(scale, good, scaler.growth_interval(), &self.device)?;
+        }
+        Ok(())
     }
 
     /// `Ok` where the loss and the optimizer, as configured now, can train
@@ -685,6 +763,7 @@ impl Model {
         if let Some(opt) = &mut self.optimizer {
             opt.forget_state();
         }
+        self.scaler = None;
     }
 
     /// Moves every parameter and statistic to `device`.
@@ -816,6 +895,11 @@ impl Model {
             self.timing_scope(|| format!("{i} {} backward", self.layers[i].spec().kind()));
             let sources = self.sources(i);
             let need_dx = sources.iter().any(|s| matches!(s, NodeId::Layer(_)));
+            if let Some(scaler) = &self.scaler
+                && self.layers[i].rounds_output_grad_to_f16(&self.device)
+            {
+                scaler.check_saturation(&dy)?;
+            }
             let dxs = self.layers[i].backward_inputs(&dy, need_dx)?;
             for (source, dx) in sources.into_iter().zip(dxs) {
                 if let (NodeId::Layer(j), Some(dx)) = (source, dx) {
@@ -829,32 +913,27 @@ impl Model {
         Ok(())
     }
 
-    fn loss_and_grad(&self, out: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
-        match self
-            .loss
-            .ok_or_else(|| model_err("call configure(loss, optimizer, metric) first"))?
-        {
-            Loss::SoftmaxCrossEntropy { label_smoothing } => {
-                softmax_cross_entropy(out, labels, label_smoothing)
-            }
-            Loss::CategoricalCrossEntropy { label_smoothing } => {
-                cross_entropy(out, labels, label_smoothing)
-            }
-        }
-    }
-
-    /// The loss, the count of correct rows and the loss's gradient: for the
-    /// softmax loss in one GPU dispatch where the batch allows.
+    /// The loss, the count of correct rows and the loss's gradient, scaled
+    /// by the loss scaler's scale where there is one: for the softmax loss
+    /// in one GPU dispatch where the batch allows.
     fn loss_grad_and_correct(
         &self,
         out: &Tensor,
         labels: &Tensor,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        if let Some(Loss::SoftmaxCrossEntropy { label_smoothing }) = self.loss {
-            return softmax_cross_entropy_with_correct(out, labels, label_smoothing);
+        let scale = self.scaler.as_ref().map(LossScaler::state);
+        match self
+            .loss
+            .ok_or_else(|| model_err("call configure(loss, optimizer, metric) first"))?
+        {
+            Loss::SoftmaxCrossEntropy { label_smoothing } => {
+                softmax_cross_entropy_with_correct_scaled(out, labels, label_smoothing, scale)
+            }
+            Loss::CategoricalCrossEntropy { label_smoothing } => {
+                let (loss, grad) = cross_entropy_scaled(out, labels, label_smoothing, scale)?;
+                Ok((loss, correct_count(out, labels)?, grad))
+            }
         }
-        let (loss, grad) = self.loss_and_grad(out, labels)?;
-        Ok((loss, correct_count(out, labels)?, grad))
     }
 
     /// The sum of every layer's L1/L2 penalties (one GPU reduction over all of
@@ -959,24 +1038,21 @@ impl Model {
             seed: self.seed,
             step: self.step as u32,
         };
+        self.ensure_scaler()?;
         let result = self.forward(&xb, mode).and_then(|out| {
             let (loss, _, grad) = self.loss_grad_and_correct(&out, &yb)?;
             self.backward(grad)?;
+            // The gradients of the scaled loss, divided back exactly (S is a
+            // power of two) into the loss's own.
+            let inv_scale = match &self.scaler {
+                Some(scaler) => 1.0 / scaler.scale()?.0,
+                None => 1.0,
+            };
             let mut named = Vec::new();
             for (i, layer) in self.layers.iter_mut().enumerate() {
-                // Trainables are state tensors: name each by the state entry it is.
-                let names: Vec<(&'static str, *const Tensor)> = layer
-                    .state()
-                    .into_iter()
-                    .map(|(name, t)| (name, t as *const Tensor))
-                    .collect();
                 for t in layer.trainables() {
-                    let at = &*t.value as *const Tensor;
-                    let name = names
-                        .iter()
-                        .find(|(_, p)| std::ptr::eq(*p, at))
-                        .map_or("?", |(name, _)| name);
-                    named.push((format!("layers.{i}.{name}"), t.grad.to_vec_f32()?));
+                    let grad = t.grad.to_vec_f32()?.iter().map(|g| g * inv_scale).collect();
+                    named.push((format!("layers.{i}.{}", t.name), grad));
                 }
             }
             Ok(Gradients {
@@ -997,6 +1073,7 @@ impl Model {
             return Err(model_err("call configure(loss, optimizer, metric) first"));
         }
         self.check_configuration()?;
+        self.ensure_scaler()?;
         let mode = Mode::Train {
             seed: self.seed,
             step: self.step as u32,
@@ -1011,24 +1088,13 @@ impl Model {
             .as_mut()
             .ok_or_else(|| model_err("call configure first"))?;
         let mut counts = Vec::with_capacity(self.layers.len());
-        let mut trainables = Vec::new();
+        let mut trainables: Vec<Param> = Vec::new();
         for layer in &mut self.layers {
             let mine = layer.trainables();
             counts.push(mine.len());
             trainables.extend(mine);
         }
-        let mut params: Vec<Param> = trainables
-            .iter_mut()
-            .map(|t| Param {
-                value: &mut *t.value,
-                grad: t.grad,
-                l1: t.l1,
-                l2: t.l2,
-                decays: t.decays,
-            })
-            .collect();
-        optimizer.step_with_loss(&mut params, Some(&loss))?;
-        drop(params);
+        optimizer.step_scaled(&mut trainables, Some(&loss), self.scaler.as_mut())?;
         drop(trainables);
         for layer in &mut self.layers {
             layer.params_updated();
@@ -1242,8 +1308,8 @@ impl Model {
             let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
             let yb = Tensor::from_u32(vec![chunk.len()], labels, &self.device)?;
             let out = self.forward(&xb, Mode::Infer)?;
-            let (loss, _) = self.loss_and_grad(&out, &yb)?;
-            pending.push((loss, correct_count(&out, &yb)?, chunk.len()));
+            let (loss, correct, _) = self.loss_grad_and_correct(&out, &yb)?;
+            pending.push((loss, correct, chunk.len()));
         }
         let (mut loss_sum, mut correct) = (0.0f64, 0u64);
         for (loss, c, len) in pending {
@@ -1462,20 +1528,32 @@ impl Model {
             step -= u64::from(state.steps - (first - 1));
             state.steps = first - 1;
         }
+        let (beta1, beta2, epsilon, weight_decay, sgd) = match optimizer {
+            Optimizer::Adam(a) => (a.beta1, a.beta2, a.epsilon, a.weight_decay, None),
+            Optimizer::Sgd(s) => {
+                let settings = SgdSettings {
+                    momentum: s.momentum,
+                    nesterov: s.nesterov,
+                };
+                (0.0, 0.0, 0.0, s.weight_decay, Some(settings))
+            }
+        };
         let training = TrainingState {
             seed: self.seed,
             step,
             epochs_done: self.epochs_done,
-            learning_rate: optimizer.learning_rate,
-            beta1: optimizer.beta1,
-            beta2: optimizer.beta2,
-            epsilon: optimizer.epsilon,
-            weight_decay: optimizer.weight_decay,
+            learning_rate: optimizer.learning_rate(),
+            beta1,
+            beta2,
+            epsilon,
+            weight_decay,
             adam_steps: state.steps,
+            sgd,
+            loss_scale: self.loss_scale()?,
         };
         let mut tensors = Vec::new();
-        for (which, moments) in [("m", &state.m), ("v", &state.v)] {
-            for (k, values) in moments.iter().enumerate() {
+        for (which, buffer) in &state.buffers {
+            for (k, values) in buffer.iter().enumerate() {
                 let bytes: Vec<u8> = bytemuck::cast_slice(values).to_vec();
                 tensors.push((format!("optimizer.{which}.{k}"), vec![values.len()], bytes));
             }
@@ -1506,14 +1584,25 @@ impl Model {
         let mut model = Self::build(path, &arch, &file, device, training.seed)?;
         model.step = training.step;
         model.epochs_done = training.epochs_done;
-        let mut adam = Adam::new(training.learning_rate);
-        adam.beta1 = training.beta1;
-        adam.beta2 = training.beta2;
-        adam.epsilon = training.epsilon;
-        adam.weight_decay = training.weight_decay;
-        adam.validate()
+        let mut optimizer: Optimizer = match &training.sgd {
+            Some(sgd) => Sgd::new(training.learning_rate)
+                .momentum(sgd.momentum)
+                .nesterov(sgd.nesterov)
+                .weight_decay(training.weight_decay)
+                .into(),
+            None => {
+                let mut adam = Adam::new(training.learning_rate);
+                adam.beta1 = training.beta1;
+                adam.beta2 = training.beta2;
+                adam.epsilon = training.epsilon;
+                adam.weight_decay = training.weight_decay;
+                adam.into()
+            }
+        };
+        optimizer
+            .validate()
             .map_err(|e| file_err(path, format!("optimizer: {e}")))?;
-        let moments = |which: &str| -> Result<Vec<Vec<f32>>> {
+        let buffer = |which: &str| -> Result<Vec<Vec<f32>>> {
             let mut out = Vec::new();
             while let Ok(view) = file.tensor(&format!("optimizer.{which}.{}", out.len())) {
                 if view.dtype() != safetensors::Dtype::F32 || view.shape().len() != 1 {
@@ -1529,14 +1618,24 @@ impl Model {
             }
             Ok(out)
         };
-        let state = AdamState {
+        let state = OptimizerState {
             steps: training.adam_steps,
-            m: moments("m")?,
-            v: moments("v")?,
+            buffers: optimizer
+                .buffer_names()
+                .iter()
+                .map(|&name| Ok((name.to_owned(), buffer(name)?)))
+                .collect::<Result<_>>()?,
         };
-        adam.set_state(state)
+        optimizer
+            .set_state(state)
             .map_err(|e| file_err(path, format!("optimizer state: {e}")))?;
-        model.optimizer = Some(adam);
+        model.optimizer = Some(optimizer);
+        if let Some((scale, good)) = training.loss_scale {
+            LossScale::Static(scale)
+                .validate()
+                .map_err(|e| file_err(path, format!("loss scale: {e}")))?;
+            model.restored_scale = Some((scale, good));
+        }
         Ok(model)
     }
 

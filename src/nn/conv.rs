@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::init::{dirac_leading_filters, he_normal};
-use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc, state_size};
+use super::{Layer, LayerSpec, Mode, Param, batched_dims, cached, hwc, state_size};
 use crate::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, conv_backward_cast_fp16,
     conv2d_forward,
@@ -277,25 +277,15 @@ impl Layer for Conv2d {
         conv2d_dinput_flipped(&dy, &kernel, flipped, dims, &params, &self.plans).map(Some)
     }
 
-    fn trainables(&mut self) -> Vec<Trainable<'_>> {
+    fn trainables(&mut self) -> Vec<Param<'_>> {
         let (Some(w), Some((dw, db))) = (self.weights.as_mut(), self.grads.as_ref()) else {
             return Vec::new();
         };
-        let mut trainables = vec![Trainable {
-            value: &mut w.kernel,
-            grad: dw,
-            l1: self.l1,
-            l2: self.l2,
-            decays: true,
-        }];
+        let mut trainables =
+            vec![Param::new("kernel", &mut w.kernel, dw).penalties(self.l1, self.l2)];
         if self.bias {
-            trainables.push(Trainable {
-                value: &mut w.bias,
-                grad: db,
-                l1: self.bias_l1,
-                l2: self.bias_l2,
-                decays: true,
-            });
+            trainables
+                .push(Param::new("bias", &mut w.bias, db).penalties(self.bias_l1, self.bias_l2));
         }
         trainables
     }
@@ -502,7 +492,7 @@ impl Layer for Dense {
             .transpose()
     }
 
-    fn trainables(&mut self) -> Vec<Trainable<'_>> {
+    fn trainables(&mut self) -> Vec<Param<'_>> {
         self.conv.trainables()
     }
 
