@@ -1,10 +1,10 @@
 // The finiteness check before an optimizer's update (segments.wgsl before
-// it). Under a dynamic loss scale, element i of a segment whose gradient is
+// it). Under a model's loss scale, element i of a segment whose gradient is
 // Inf or NaN raises the scaler's overflow flag (word 2 of its state): the
 // update skips the step, and the scaler's update (loss_scale_update.wgsl) then
-// halves the scale, or closes the gate where no smaller scale can help.
-// Otherwise such a gradient, and always a loss that is not finite, lowers the
-// gate to this step's number at once, so the update and the
+// halves a dynamic scale, or closes the gate where no smaller scale can help.
+// Without one such a gradient, and always a loss that is not finite, lowers
+// the gate to this step's number at once, so the update and the
 // BatchNorm commits of this step, and of every step after it, change nothing
 // until the host has read the gate and reset it. Finiteness is judged from
 // the bits: comparisons with NaN may be folded away (shared/gpu README).
@@ -23,8 +23,8 @@ struct Check {
     step: u32,
     // 1 where `loss` holds the step's loss, 0 where it is a stand-in.
     has_loss: u32,
-    // 1 under a dynamic loss scale.
-    dynamic: u32,
+    // 1 under a model's loss scale, whose update follows.
+    scaled: u32,
 }
 @group(0) @binding(5) var<uniform> check: Check;
 
@@ -41,7 +41,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i < check.len) {
         let seg = segment_of(i, check.segment_count);
         if (i < seg.end && !finite(grads[i])) {
-            if (check.dynamic == 1u) {
+            if (check.scaled == 1u) {
                 atomicOr(&scaler[2], 1u);
             } else {
                 atomicMin(&gate[0], check.step);

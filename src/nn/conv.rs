@@ -484,6 +484,11 @@ impl Layer for Dense {
         Self::as_rows(&self.conv.forward(&Self::as_image(x)?, mode)?)
     }
 
+    /// The conv's backward casts the gradient to f16, as a conv's does.
+    fn rounds_output_grad_to_f16(&self, device: &Device) -> bool {
+        self.conv.rounds_output_grad_to_f16(device)
+    }
+
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         let dy = dy.reshape(batched_dims(dy.dims()[0], &[1, 1, self.units()]))?;
         self.conv

@@ -236,7 +236,7 @@ impl Packed {
     }
 
     /// The GPU step: packs what is not yet packed, then records the
-    /// finiteness check, `rule`'s update and, for a dynamic loss scale, the
+    /// finiteness check, `rule`'s update and, for a model's loss scaler, the
     /// scaler's update.
     pub fn step_gpu(
         &mut self,
@@ -295,7 +295,7 @@ impl Packed {
             params.len() as u32,
             step,
             u32::from(loss.is_some()),
-            u32::from(scaler.is_dynamic()),
+            u32::from(scaler.updates()),
         ];
         ctx.dispatch(
             "optimizer_finite_check",
@@ -361,8 +361,8 @@ impl Packed {
             bytemuck::cast_slice(&uniform),
             grid,
         )?;
-        // A static scale has nothing to move: its overflow closed the gate.
-        if scaler.is_dynamic() {
+        // Without a model's scaler an overflow closed the gate in the check.
+        if scaler.updates() {
             scaler.update_gpu(ctx, &self.gate, step)?;
         }
         Ok(())

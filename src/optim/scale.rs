@@ -125,6 +125,8 @@ pub struct LossScaler {
     state: Tensor,
     /// `None` for a static scale.
     growth_interval: Option<u32>,
+    /// False for [`LossScaler::unit`], which nothing raises or moves.
+    updates: bool,
 }
 
 impl LossScaler {
@@ -149,13 +151,23 @@ impl LossScaler {
         Ok(Self {
             state: Tensor::from_u32(vec![4], words, device)?,
             growth_interval,
+            updates: true,
         })
     }
 
     /// `S = 1` that never moves: what an optimizer stepping without a model's
     /// scaler uses, so one update kernel serves both.
     pub(crate) fn unit(device: &Device) -> Result<Self> {
-        Self::with_state(1.0, 0, None, device)
+        Ok(Self {
+            updates: false,
+            ..Self::with_state(1.0, 0, None, device)?
+        })
+    }
+
+    /// Whether overflows go through the scaler's flag and update (a model's
+    /// scaler) rather than closing the gate in the check (the unit one).
+    pub(crate) fn updates(&self) -> bool {
+        self.updates
     }
 
     /// The state tensor (see [`LossScaler`]).
@@ -181,13 +193,12 @@ impl LossScaler {
         self.growth_interval.is_some()
     }
 
-    /// On the GPU, for a dynamic scale: records a check raising the
-    /// overflow flag where `grad` (f32 or f16, bound for a layer that rounds
-    /// it to f16) holds a value at f16's limit or beyond. Nothing elsewhere:
-    /// the CPU path's f32 gradients are not rounded, and a static scale is
-    /// chosen not to overflow (its non-finite gradients still stop training).
+    /// On the GPU: records a check raising the overflow flag where `grad`
+    /// (f32 or f16, bound for a layer that rounds it to f16) holds a value at
+    /// f16's limit or beyond. Nothing on the CPU path, whose f32 gradients
+    /// are not rounded.
     pub(crate) fn check_saturation(&self, grad: &Tensor) -> Result<()> {
-        let (Some(ctx), true) = (self.state.gpu_context(), self.is_dynamic()) else {
+        let Some(ctx) = self.state.gpu_context() else {
             return Ok(());
         };
         let half = grad.dtype() == DType::F16;
@@ -239,11 +250,14 @@ impl LossScaler {
         Ok(close)
     }
 
-    /// Records a dynamic scaler's step after the optimizer's update of step
-    /// `step` (see loss_scale_update.wgsl), closing `gate` where it must.
+    /// Records the scaler's step after the optimizer's update of step `step`
+    /// (see loss_scale_update.wgsl), closing `gate` where it must.
     pub(crate) fn update_gpu(&self, ctx: &Arc<GpuContext>, gate: &Tensor, step: u32) -> Result<()> {
-        let interval = self.growth_interval.unwrap_or(1);
-        let params = [step, interval, MAX_LOSS_SCALE.to_bits()];
+        let (interval, dynamic) = match self.growth_interval {
+            Some(i) => (i, 1),
+            None => (1, 0),
+        };
+        let params = [step, interval, dynamic, MAX_LOSS_SCALE.to_bits()];
         ctx.dispatch(
             "loss_scale_update",
             &*pipeline(ctx, "loss_scale_update", UPDATE)?,
