@@ -106,13 +106,12 @@ fn scaling_is_bit_identical_on_the_cpu() {
     }
 }
 
-/// GradScaler's growth: the scale doubles after `growth_interval` steps
-/// without an overflow (6 steps at interval 2: three doublings), capped at
-/// 2^24, with the count of steps toward the next doubling.
+// GradScaler's growth: the scale doubles after `growth_interval` steps
+// without an overflow (6 steps at interval 2: three doublings), capped at
+// 2^24, with the count of steps toward the next doubling.
 test_device!(
     a_dynamic_scale_doubles_after_its_interval,
     |device: &Device| {
-        // (See the comment above the macro.)
         let mut rng = Rng::fresh();
         let (x, y) = batch(&mut rng, 4);
         for (init, steps, want) in [(256.0, 7, (2048.0, 1)), (4_194_304.0, 6, (16_777_216.0, 0))] {
