@@ -22,7 +22,8 @@ use crate::ops::loss::{
     correct_count, cross_entropy_scaled, softmax, softmax_cross_entropy_with_correct_scaled,
 };
 use crate::optim::{
-    Adam, LossScale, LossScaler, Optimizer, OptimizerState, Param, Sgd, regularization_loss,
+    Adam, LossScale, LossScaler, Optimizer, OptimizerState, Param, ParamGroup, Sgd,
+    regularization_loss,
 };
 use crate::progress::Progress;
 use crate::tensor::{DType, Tensor};
@@ -226,6 +227,10 @@ pub struct Model {
     scaler: Option<LossScaler>,
     /// A checkpoint's scale and growth count, for the first scaler after it.
     restored_scale: Option<(f32, u32)>,
+    /// Rules setting parameters' learning-rate and decay multipliers.
+    groups: Vec<ParamGroup>,
+    /// Layers whose parameters the optimizer does not update.
+    frozen: Vec<usize>,
     device: Device,
     input_shape: Option<Vec<usize>>,
     /// Per-sample shape after each layer, from `finalize`: what bounds the
@@ -339,6 +344,30 @@ fn model_err(message: impl Into<String>) -> AetherError {
     AetherError::Model(message.into())
 }
 
+/// `Ok` where no group names a parameter of a frozen layer by its index,
+/// else the error naming the first such parameter.
+fn check_frozen(groups: &[ParamGroup], frozen: &[usize], layers: &[Box<dyn Layer>]) -> Result<()> {
+    for (g, group) in groups.iter().enumerate() {
+        let Some(index) = group.named_layer().filter(|i| frozen.contains(i)) else {
+            continue;
+        };
+        let kind = layers.get(index).map(|l| l.spec().kind()).unwrap_or("?");
+        let names: Vec<&str> = layers
+            .get(index)
+            .map(|l| l.state().into_iter().map(|(n, _)| n).collect())
+            .unwrap_or_default();
+        let name = names
+            .into_iter()
+            .find(|n| group.selects(index, kind, n))
+            .unwrap_or("(all)");
+        return Err(AetherError::FrozenParameter {
+            group: g,
+            param: format!("layers.{index}.{name} ({kind})"),
+        });
+    }
+    Ok(())
+}
+
 impl Model {
     /// An empty model on the CPU with seed 0.
     pub fn new() -> Self {
@@ -352,6 +381,8 @@ impl Model {
             loss_scale: LossScale::Auto,
             scaler: None,
             restored_scale: None,
+            groups: Vec::new(),
+            frozen: Vec::new(),
             device: Device::Cpu,
             input_shape: None,
             output_shapes: Vec::new(),
@@ -482,6 +513,51 @@ impl Model {
             Some(scaler) => scaler.scale().map(Some),
             None => Ok(self.restored_scale),
         }
+    }
+
+    /// Sets the parameter groups: each selects parameters by layer kind or
+    /// index and sets their learning-rate and weight-decay multipliers
+    /// (later groups override earlier ones), carried in the optimizer's
+    /// segment table, so the update stays one dispatch. A group naming a
+    /// frozen layer by index is [`AetherError::FrozenParameter`].
+    pub fn set_param_groups(&mut self, groups: Vec<ParamGroup>) -> Result<&mut Self> {
+        for group in &groups {
+            group.validate()?;
+        }
+        check_frozen(&groups, &self.frozen, &self.layers)?;
+        self.groups = groups;
+        Ok(self)
+    }
+
+    /// Freezes layer `index` (`trainable` false: the optimizer leaves its
+    /// parameters as they are) or trains it again. Its gradients are still
+    /// computed (a layer's backward makes them with its input gradient).
+    /// The parameter set changes, so the optimizer's state starts afresh.
+    /// A parameter group naming the layer is
+    /// [`AetherError::FrozenParameter`].
+    pub fn set_trainable(&mut self, index: usize, trainable: bool) -> Result<&mut Self> {
+        if index >= self.layers.len() {
+            return Err(model_err(format!(
+                "set_trainable: no layer {index} (the model has {})",
+                self.layers.len()
+            )));
+        }
+        let mut frozen = self.frozen.clone();
+        frozen.retain(|&i| i != index);
+        if !trainable {
+            frozen.push(index);
+        }
+        check_frozen(&self.groups, &frozen, &self.layers)?;
+        if frozen != self.frozen {
+            self.frozen = frozen;
+            self.forget_optimizer_state();
+        }
+        Ok(self)
+    }
+
+    /// Whether layer `index`'s parameters train (see [`Model::set_trainable`]).
+    pub fn is_trainable(&self, index: usize) -> bool {
+        !self.frozen.contains(&index)
     }
 
     /// The optimizer, once configured (its step count, state, gate).
@@ -1089,8 +1165,18 @@ impl Model {
             .ok_or_else(|| model_err("call configure first"))?;
         let mut counts = Vec::with_capacity(self.layers.len());
         let mut trainables: Vec<Param> = Vec::new();
-        for layer in &mut self.layers {
-            let mine = layer.trainables();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            if self.frozen.contains(&i) {
+                counts.push(0);
+                continue;
+            }
+            let kind = layer.spec().kind();
+            let mut mine = layer.trainables();
+            for p in &mut mine {
+                for group in self.groups.iter().filter(|g| g.selects(i, kind, p.name)) {
+                    group.apply(p);
+                }
+            }
             counts.push(mine.len());
             trainables.extend(mine);
         }

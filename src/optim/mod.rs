@@ -20,12 +20,14 @@
 //! those from before the first bad step.
 
 mod adam;
+mod groups;
 mod packed;
 mod regularization;
 mod scale;
 mod sgd;
 
 pub use adam::Adam;
+pub use groups::{ParamGroup, Select};
 pub use regularization::regularization_loss;
 pub use scale::{LossScale, LossScaler, MAX_LOSS_SCALE};
 pub use sgd::Sgd;

@@ -73,9 +73,11 @@ pub(crate) struct Packed {
     /// length one after the other (at least one element, so it binds).
     pub state: Tensor,
     pub buffers: usize,
-    /// The GPU segment table, uploaded on the first step: an upload flushes
-    /// the pending batch, so later steps must not upload anything.
-    segments: Option<Tensor>,
+    /// The GPU segment table as uploaded, and the table itself: uploaded on
+    /// the first step and again only where the parameters' penalties or
+    /// group multipliers changed (an upload flushes the pending batch, so a
+    /// settled step must not upload anything).
+    segments: Option<(Vec<Segment>, Tensor)>,
     /// The packed parameters on the GPU and a view of each one's segment.
     packed: Option<(Tensor, Vec<Tensor>)>,
     /// The packed gradients on the GPU, laid out as the parameters, and views.
@@ -273,11 +275,12 @@ impl Packed {
                 copy_into(ctx, p.grad, flat_grads, byte_offset(i));
             }
         }
+        let table = segments_of(params, &self.offsets);
         let seg_tensor = match &self.segments {
-            Some(t) => t.clone(),
-            None => {
-                let t = segment_tensor(ctx, &segments_of(params, &self.offsets))?;
-                self.segments = Some(t.clone());
+            Some((uploaded, t)) if same_bytes(uploaded, &table) => t.clone(),
+            _ => {
+                let t = segment_tensor(ctx, &table)?;
+                self.segments = Some((table, t.clone()));
                 t
             }
         };
@@ -414,6 +417,10 @@ impl Packed {
     pub fn f16_views(&self) -> Option<&[Tensor]> {
         self.packed_f16.as_ref().map(|(_, v)| v.as_slice())
     }
+}
+
+fn same_bytes(a: &[Segment], b: &[Segment]) -> bool {
+    bytemuck::cast_slice::<Segment, u8>(a) == bytemuck::cast_slice::<Segment, u8>(b)
 }
 
 /// The segment table of `params` starting at `starts`.
