@@ -22,7 +22,7 @@ use crate::ops::loss::{
     correct_count, cross_entropy_scaled, softmax, softmax_cross_entropy_with_correct_scaled,
 };
 use crate::optim::{
-    Adam, LossScale, LossScaler, Optimizer, OptimizerState, Param, ParamGroup, Sgd,
+    Adam, LossScale, LossScaler, Optimizer, OptimizerState, Param, ParamGroup, Schedule, Sgd,
     regularization_loss,
 };
 use crate::progress::Progress;
@@ -231,6 +231,8 @@ pub struct Model {
     groups: Vec<ParamGroup>,
     /// Layers whose parameters the optimizer does not update.
     frozen: Vec<usize>,
+    /// Sets the optimizer's learning rate before each step.
+    schedule: Option<Box<dyn Schedule>>,
     device: Device,
     input_shape: Option<Vec<usize>>,
     /// Per-sample shape after each layer, from `finalize`: what bounds the
@@ -383,6 +385,7 @@ impl Model {
             restored_scale: None,
             groups: Vec::new(),
             frozen: Vec::new(),
+            schedule: None,
             device: Device::Cpu,
             input_shape: None,
             output_shapes: Vec::new(),
@@ -555,9 +558,24 @@ impl Model {
         Ok(self)
     }
 
+    /// Sets the learning rate of every later step from `schedule`, by the
+    /// model's step count ([`Schedule::lr`]): a resumed model carries on
+    /// where it stopped, given the same schedule again. `None` keeps the
+    /// optimizer's rate as it is.
+    pub fn set_schedule(&mut self, schedule: Option<Box<dyn Schedule>>) -> &mut Self {
+        self.schedule = schedule;
+        self
+    }
+
     /// Whether layer `index`'s parameters train (see [`Model::set_trainable`]).
     pub fn is_trainable(&self, index: usize) -> bool {
         !self.frozen.contains(&index)
+    }
+
+    /// The optimizer, to change its hyperparameters between steps (a
+    /// learning rate by hand, where no schedule sets it).
+    pub fn optimizer_mut(&mut self) -> Option<&mut Optimizer> {
+        self.optimizer.as_mut()
     }
 
     /// The optimizer, once configured (its step count, state, gate).
@@ -1147,6 +1165,9 @@ impl Model {
         // Before the forward pass moves any BatchNorm statistic.
         if self.loss.is_none() || self.optimizer.is_none() {
             return Err(model_err("call configure(loss, optimizer, metric) first"));
+        }
+        if let (Some(schedule), Some(optimizer)) = (&self.schedule, &mut self.optimizer) {
+            optimizer.set_learning_rate(schedule.lr(self.step));
         }
         self.check_configuration()?;
         self.ensure_scaler()?;

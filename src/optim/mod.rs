@@ -24,12 +24,14 @@ mod groups;
 mod packed;
 mod regularization;
 mod scale;
+mod schedule;
 mod sgd;
 
 pub use adam::Adam;
 pub use groups::{ParamGroup, Select};
 pub use regularization::regularization_loss;
 pub use scale::{LossScale, LossScaler, MAX_LOSS_SCALE};
+pub use schedule::{Constant, Decay, PiecewiseLinear, Schedule, WarmupDecay};
 pub use sgd::Sgd;
 
 use packed::{GATE_OPEN, Packed, check_params};
