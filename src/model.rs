@@ -22,8 +22,8 @@ use crate::ops::loss::{
     correct_count, cross_entropy_scaled, softmax, softmax_cross_entropy_with_correct_scaled,
 };
 use crate::optim::{
-    Adam, LossScale, LossScaler, Optimizer, OptimizerState, Param, ParamGroup, Schedule, Sgd,
-    regularization_loss,
+    Adam, Lookahead, LossScale, LossScaler, Optimizer, OptimizerState, Param, ParamGroup, Schedule,
+    Sgd, regularization_loss,
 };
 use crate::progress::Progress;
 use crate::tensor::{DType, Tensor};
@@ -233,6 +233,8 @@ pub struct Model {
     frozen: Vec<usize>,
     /// Sets the optimizer's learning rate before each step.
     schedule: Option<Box<dyn Schedule>>,
+    /// Pulls the weights to their moving average every few steps.
+    lookahead: Option<Lookahead>,
     device: Device,
     input_shape: Option<Vec<usize>>,
     /// Per-sample shape after each layer, from `finalize`: what bounds the
@@ -386,6 +388,7 @@ impl Model {
             groups: Vec::new(),
             frozen: Vec::new(),
             schedule: None,
+            lookahead: None,
             device: Device::Cpu,
             input_shape: None,
             output_shapes: Vec::new(),
@@ -565,6 +568,21 @@ impl Model {
     pub fn set_schedule(&mut self, schedule: Option<Box<dyn Schedule>>) -> &mut Self {
         self.schedule = schedule;
         self
+    }
+
+    /// Keeps a lookahead average of the trained parameters (airbench's
+    /// `LookaheadState`; see [`Lookahead`]): it starts from the weights
+    /// before the next step, and after every `every`-th optimizer step the
+    /// average moves toward the weights by `1 - decay` and the weights
+    /// become the average, in one dispatch over all parameters. Changing
+    /// `decay` later (airbench raises it) keeps the average; `None` drops
+    /// it. The average is not saved in model files.
+    pub fn set_lookahead(&mut self, lookahead: Option<Lookahead>) -> Result<&mut Self> {
+        if let Some(l) = &lookahead {
+            l.validate()?;
+        }
+        self.lookahead = lookahead;
+        Ok(self)
     }
 
     /// Whether layer `index`'s parameters train (see [`Model::set_trainable`]).
@@ -1201,7 +1219,13 @@ impl Model {
             counts.push(mine.len());
             trainables.extend(mine);
         }
+        optimizer.track_lookahead(self.lookahead.is_some());
         optimizer.step_scaled(&mut trainables, Some(&loss), self.scaler.as_mut())?;
+        if let Some(lookahead) = self.lookahead
+            && optimizer.steps() % lookahead.every == 0
+        {
+            optimizer.lookahead(&mut trainables, lookahead.decay)?;
+        }
         drop(trainables);
         for layer in &mut self.layers {
             layer.params_updated();

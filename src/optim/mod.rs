@@ -20,6 +20,7 @@
 //! those from before the first bad step.
 
 mod adam;
+mod ema;
 mod groups;
 mod packed;
 mod regularization;
@@ -28,6 +29,7 @@ mod schedule;
 mod sgd;
 
 pub use adam::Adam;
+pub use ema::Lookahead;
 pub use groups::{ParamGroup, Select};
 pub use regularization::regularization_loss;
 pub use scale::{LossScale, LossScaler, MAX_LOSS_SCALE};
@@ -211,6 +213,26 @@ impl Optimizer {
         self.core().packed.as_ref()?.f16_views()
     }
 
+    /// Keeps (or stops keeping) a lookahead average of the weights from the
+    /// next step on; it starts from the weights before that step.
+    pub fn track_lookahead(&mut self, track: bool) {
+        let core = self.core_mut();
+        core.track_lookahead = track;
+        if let (false, Some(packed)) = (track, &mut core.packed) {
+            packed.ema = None;
+        }
+    }
+
+    /// One lookahead update of `params` (the parameters of the step just
+    /// taken, in its order): the average moves toward them by `1 - decay`
+    /// and they become the average. Nothing before the average exists.
+    pub fn lookahead(&mut self, params: &mut [Param], decay: f32) -> Result<()> {
+        match &mut self.core_mut().packed {
+            Some(packed) => ema::update(packed, params, decay),
+            None => Ok(()),
+        }
+    }
+
     /// Drops the state and packed buffers and the step count, keeping the
     /// hyperparameters: the next step starts afresh for the parameters as
     /// they are then (rebuilt, or moved to another device).
@@ -226,11 +248,16 @@ pub(crate) struct Core {
     pub packed: Option<Packed>,
     /// State read from a checkpoint, laid out by the first step that follows.
     restored: Option<OptimizerState>,
+    /// Whether the steps keep a lookahead average of the weights (ema.rs).
+    track_lookahead: bool,
 }
 
 impl Core {
     fn forget(&mut self) {
-        *self = Self::default();
+        *self = Self {
+            track_lookahead: self.track_lookahead,
+            ..Self::default()
+        };
     }
 
     /// Checks `params` and `loss`, lays the parameters out on the first step
@@ -266,6 +293,11 @@ impl Core {
                 )?);
                 self.restored = None;
             }
+        }
+        let track = self.track_lookahead;
+        let packed = self.packed();
+        if track && packed.ema.is_none() {
+            ema::start(packed, params, &device)?;
         }
         self.steps += 1;
         Ok(Some(device))

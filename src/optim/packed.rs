@@ -91,6 +91,8 @@ pub(crate) struct Packed {
     pub gate: Tensor,
     /// `S = 1` for a step without a model's loss scaler.
     unit_scaler: LossScaler,
+    /// The weights' lookahead average in this layout (ema.rs), once started.
+    pub ema: Option<Tensor>,
 }
 
 /// `Ok` with the parameters' device where every parameter and gradient is
@@ -195,6 +197,7 @@ impl Packed {
             packed_f16: None,
             gate: Tensor::from_u32(vec![1], vec![GATE_OPEN], device)?,
             unit_scaler: LossScaler::unit(device)?,
+            ema: None,
         })
     }
 
@@ -406,6 +409,16 @@ impl Packed {
             self.gate = Tensor::from_u32(vec![1], vec![step], &Device::Cpu)?;
         }
         Ok((loss_finite && grads_finite).then_some(1.0 / scale))
+    }
+
+    /// The packed parameters on the GPU, after the first step.
+    pub fn flat_params(&self) -> Option<&Tensor> {
+        self.packed.as_ref().map(|(flat, _)| flat)
+    }
+
+    /// The segment table on the GPU, after the first step.
+    pub fn segment_tensor(&self) -> Option<&Tensor> {
+        self.segments.as_ref().map(|(_, t)| t)
     }
 
     /// The gradient of the views handed out: where the model's layers write.
