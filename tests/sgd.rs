@@ -494,3 +494,24 @@ test_device!(sgd_state_survives_a_checkpoint, |device: &Device| {
         );
     }
 });
+
+/// On the GPU a step over all parameters is one finiteness check and one
+/// fused update; a model's loss scaler adds its one-invocation update.
+#[test]
+fn a_step_is_one_fused_dispatch_after_its_check() {
+    let Some(device) = common::gpu() else { return };
+    let ctx = device.gpu_context().unwrap().clone();
+    let mut sgd = Sgd::new(0.1).momentum(0.9).nesterov(true);
+    let mut values = tensors(&INIT, &device);
+    let g = tensors(&GRADS_0, &device);
+    let mut scaler = LossScaler::new(LossScale::Static(1.0), false, &device)
+        .unwrap()
+        .unwrap();
+    for (scaled, want) in [(false, 2), (true, 3)] {
+        let before = ctx.dispatch_count();
+        let scaler = scaled.then_some(&mut scaler);
+        sgd.step_scaled(&mut grouped(&mut values, &g), None, scaler)
+            .unwrap();
+        assert_eq!(ctx.dispatch_count() - before, want, "scaled {scaled}");
+    }
+}
