@@ -152,6 +152,9 @@ const WANT_PLAIN: [&[f64]; 3] = [
     ],
 ];
 
+/// A configuration made afresh for each use (an optimizer is not `Clone`).
+type MakeSgd = fn() -> Sgd;
+
 /// Norm-relative distance per tensor between f32 results and f64 references.
 fn norm_rel(got: &[f32], want: &[f64]) -> f64 {
     let (mut diff, mut norm) = (0.0, 0.0);
@@ -348,7 +351,7 @@ test_device!(
 test_device!(
     bad_hyperparameters_are_errors_naming_the_value,
     |device: &Device| {
-        let cases: [(fn() -> Sgd, &str); 7] = [
+        let cases: [(MakeSgd, &str); 7] = [
             (|| Sgd::new(-0.1), "SGD learning_rate = -0.1"),
             (|| Sgd::new(f32::NAN), "SGD learning_rate = NaN"),
             (|| Sgd::new(0.1).momentum(1.0), "SGD momentum = 1"),
@@ -433,7 +436,7 @@ test_device!(sgd_state_survives_a_checkpoint, |device: &Device| {
     let mut rng = Rng::fresh();
     let x = rng.vec(6 * 4 * 4 * 2);
     let y: Vec<u32> = (0..6).map(|i| i % 3).collect();
-    let configs: [fn() -> Sgd; 2] = [
+    let configs: [MakeSgd; 2] = [
         || {
             Sgd::new(0.05)
                 .momentum(0.9)

@@ -79,8 +79,7 @@ pub fn softmax(logits: &Tensor) -> Result<Tensor> {
         SOFTMAX,
         &[buffer(logits), buffer(&probs)],
         false,
-        rows,
-        classes,
+        (rows, classes),
         0.0,
     )?;
     Ok(probs)
@@ -126,8 +125,7 @@ pub fn softmax_backward(probs: &Tensor, dprobs: &Tensor) -> Result<Tensor> {
         SOFTMAX_BACKWARD,
         &[buffer(probs), buffer(dprobs), buffer(&dx)],
         false,
-        rows,
-        classes,
+        (rows, classes),
         0.0,
     )?;
     Ok(dx)
@@ -199,8 +197,7 @@ pub fn softmax_cross_entropy_scaled(
             buffer(scale.unwrap_or(labels)),
         ],
         scale.is_some(),
-        rows,
-        classes,
+        (rows, classes),
         label_smoothing,
     )?;
     Ok((sum_in_order(ctx, row_losses)?, dlogits))
@@ -384,8 +381,7 @@ pub fn cross_entropy_scaled(
             buffer(scale.unwrap_or(labels)),
         ],
         scale.is_some(),
-        rows,
-        classes,
+        (rows, classes),
         label_smoothing,
     )?;
     Ok((sum_in_order(ctx, row_losses)?, dprobs))
@@ -417,8 +413,7 @@ pub fn correct_count(scores: &Tensor, labels: &Tensor) -> Result<Tensor> {
         CORRECT,
         &[buffer(scores), buffer(labels), buffer(&hits)],
         false,
-        rows,
-        classes,
+        (rows, classes),
         0.0,
     )?;
     sum_in_order(ctx, hits)
@@ -581,8 +576,7 @@ fn dispatch_rows(
     source: &'static str,
     buffers: &[GpuSlice<'_>],
     scaled: bool,
-    rows: usize,
-    classes: usize,
+    (rows, classes): (usize, usize),
     smoothing: f32,
 ) -> Result<()> {
     let pipeline = pipeline(ctx, kernel, scaled, || format!("{COMMON}\n{source}"))?;

@@ -44,11 +44,12 @@ const SATURATION: &str = include_str!("../../shaders/optim/saturation_check.wgsl
 pub const MAX_LOSS_SCALE: f32 = 16_777_216.0; // 2^24
 
 /// How a model scales its loss gradient (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub enum LossScale {
     /// [`LossScale::dynamic`] where some layer rounds its output gradient to
     /// f16 (a GPU with f16 conv kernels), no scaling elsewhere (the CPU path's
     /// f32 gradients do not underflow).
+    #[default]
     Auto,
     /// No scaling: `S = 1`.
     Off,
@@ -58,12 +59,6 @@ pub enum LossScale {
     /// halve on an overflowing step (skipped), double after
     /// `growth_interval` steps in a row without one, up to 2^24.
     Dynamic { init: f32, growth_interval: u32 },
-}
-
-impl Default for LossScale {
-    fn default() -> Self {
-        Self::Auto
-    }
 }
 
 impl LossScale {
