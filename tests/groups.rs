@@ -181,3 +181,61 @@ fn a_group_naming_a_frozen_layer_is_an_error_naming_it() {
         assert!(err.to_string().contains("decay_scale"), "{err}");
     }
 }
+
+// AdamW's first step under groups, as PyTorch's AdamW takes a group's lr:
+// `p -= lr * lr_scale * wd * decay_scale * p`, then
+// `p -= lr_t * lr_scale * m / (sqrt(v) + eps)` with `m = 0.1 g`,
+// `v = 0.001 g^2` and `lr_t = lr * sqrt(0.001) / 0.1`; within 1e-5
+// norm-relative per tensor.
+test_device!(
+    adamw_groups_scale_the_decay_with_the_rate,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let x = rng.vec(4 * 5 * 5 * 2);
+        let y = vec![2, 0, 1, 1];
+        let mut model = model(device);
+        model.configure(
+            Loss::SoftmaxCrossEntropy {
+                label_smoothing: 0.0,
+            },
+            aether::optim::Adam::adamw(LR, WD),
+            Metric::CategoricalAccuracy,
+        );
+        model
+            .set_param_groups(vec![
+                ParamGroup::kind("BatchNorm", Some("beta"))
+                    .lr_scale(4.0)
+                    .decay_scale(0.5),
+                ParamGroup::kind("Dense", Some("kernel")).lr_scale(0.25),
+            ])
+            .unwrap();
+        let grads = model.gradients(&x, &y).unwrap();
+        let before = values(&model);
+        model.train_batch(&x, &y).unwrap();
+        model.check_steps().unwrap();
+        let after = values(&model);
+        let (lr, wd) = (f64::from(LR), f64::from(WD));
+        let lr_t = lr * (1.0f64 - 0.999).sqrt() / (1.0 - 0.9);
+        for (name, g) in &grads.tensors {
+            let (s, d) = match name.as_str() {
+                "layers.1.beta" => (4.0, 0.5),
+                "layers.1.gamma" => (1.0, 0.0),
+                "layers.4.kernel" => (0.25, 1.0),
+                _ => (1.0, 1.0),
+            };
+            let w0 = &before.iter().find(|(n, _)| n == name).unwrap().1;
+            let w1 = &after.iter().find(|(n, _)| n == name).unwrap().1;
+            let (mut diff, mut norm) = (0.0f64, 0.0f64);
+            for ((&g, &a), &b) in g.iter().zip(w0).zip(w1) {
+                let (g, a) = (f64::from(g), f64::from(a));
+                let (m, v) = (0.1 * g, 0.001 * g * g);
+                let decayed = a - lr * s * wd * d * a;
+                let want = decayed - lr_t * s * m / (v.sqrt() + 1e-7) - a;
+                diff += (f64::from(b) - a - want).powi(2);
+                norm += want * want;
+            }
+            let err = (diff / norm.max(1e-30)).sqrt();
+            assert!(err < 1e-5, "{name}: update off by {err:e}");
+        }
+    }
+);

@@ -1,10 +1,11 @@
 // One Adam / AdamW step of element i (update_common.wgsl before it):
 //   g  = grad / S + l1 * sign(p) + 2 * l2 * p
 //   m  = b1 * m + (1 - b1) * g;   v = b2 * v + (1 - b2) * g^2
-//   p -= decay_lr * decay * p                  (AdamW: lr * weight_decay; Adam: 0)
+//   p -= decay_lr * lr * decay * p             (AdamW: lr * weight_decay; Adam: 0)
 //   p -= lr_t * lr * m / (sqrt(v) + eps)       (lr_t carries the bias correction)
-// with `decay` and `lr` the segment's group multipliers. m is state[i], v is
-// state[len + i].
+// with `decay` and `lr` the segment's group multipliers (the decay scales
+// with the group's rate, as PyTorch's AdamW takes its group's lr). m is
+// state[i], v is state[len + i].
 
 struct Params {
     len: u32,
@@ -34,7 +35,7 @@ fn update(i: u32) -> bool {
     let v_new = step.beta2 * state[step.len + i] + (1.0 - step.beta2) * g * g;
     state[i] = m_new;
     state[step.len + i] = v_new;
-    p = p - step.decay_lr * seg.decay * p;
+    p = p - step.decay_lr * seg.lr * seg.decay * p;
     params[i] = p - step.lr_t * seg.lr * m_new / (sqrt(v_new) + step.eps);
     return true;
 }

@@ -214,7 +214,7 @@ impl Adam {
                         let g = true_grad(g, inv_scale, p, *w);
                         m[i] = b1 * m[i] + (1.0 - b1) * g;
                         v[i] = b2 * v[i] + (1.0 - b2) * g * g;
-                        *w -= decay_lr * p.decay_scale * *w;
+                        *w -= decay_lr * p.lr_scale * p.decay_scale * *w;
                         *w -= lr_t * p.lr_scale * m[i] / (v[i].sqrt() + eps);
                     }
                     *p.value = Tensor::from_f32(p.value.dims().to_vec(), value, &Device::Cpu)?;
