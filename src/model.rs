@@ -576,7 +576,9 @@ impl Model {
     /// average moves toward the weights by `1 - decay` and the weights
     /// become the average, in one dispatch over all parameters. Changing
     /// `decay` later (airbench raises it) keeps the average; `None` drops
-    /// it. The average is not saved in model files.
+    /// it. A checkpoint saves the average (`optimizer.lookahead.{k}`) but
+    /// not this setting: set it again after [`Model::resume`] and the
+    /// average carries on.
     pub fn set_lookahead(&mut self, lookahead: Option<Lookahead>) -> Result<&mut Self> {
         if let Some(l) = &lookahead {
             l.validate()?;
@@ -1683,7 +1685,13 @@ impl Model {
             loss_scale: self.loss_scale()?,
         };
         let mut tensors = Vec::new();
-        for (which, buffer) in &state.buffers {
+        let lookahead = optimizer.lookahead_state()?;
+        let buffers = state
+            .buffers
+            .iter()
+            .map(|(name, b)| (name.as_str(), b))
+            .chain(lookahead.as_ref().map(|b| ("lookahead", b)));
+        for (which, buffer) in buffers {
             for (k, values) in buffer.iter().enumerate() {
                 let bytes: Vec<u8> = bytemuck::cast_slice(values).to_vec();
                 tensors.push((format!("optimizer.{which}.{k}"), vec![values.len()], bytes));
@@ -1760,6 +1768,12 @@ impl Model {
         optimizer
             .set_state(state)
             .map_err(|e| file_err(path, format!("optimizer state: {e}")))?;
+        let average = buffer("lookahead")?;
+        if !average.is_empty() {
+            optimizer
+                .set_lookahead_state(average)
+                .map_err(|e| file_err(path, format!("lookahead average: {e}")))?;
+        }
         model.optimizer = Some(optimizer);
         if let Some((scale, good)) = training.loss_scale {
             LossScale::Static(scale)

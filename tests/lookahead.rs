@@ -7,7 +7,7 @@ mod common;
 use aether::nn::{BatchNorm, Conv2d, Dense, Flatten, ReLU};
 use aether::optim::{Lookahead, Sgd};
 use aether::{AetherError, Device, Loss, Metric, Model, Padding};
-use common::Rng;
+use common::{Rng, TempDir};
 
 fn model(device: &Device) -> Model {
     let mut model = Model::new().seed(21);
@@ -116,4 +116,60 @@ test_device!(lookahead_matches_a_hand_kept_average, |device: &Device| {
             "{bad:?}: {err}"
         );
     }
+});
+
+// Three steps, a checkpoint, `Model::resume` (the lookahead set again: it
+// is a training setting, not saved) and four more are seven steps
+// straight, bit for bit: the file carries the average
+// (`optimizer.lookahead.{k}`), which the resumed steps continue from.
+test_device!(the_average_survives_a_checkpoint, |device: &Device| {
+    let dir = TempDir::new(match device {
+        Device::Cpu => "lookahead-cpu",
+        Device::Gpu(_) => "lookahead-gpu",
+    });
+    let mut rng = Rng::fresh();
+    let x = rng.vec(6 * 5 * 5 * 2);
+    let y = vec![2, 1, 0, 0, 1, 2];
+    let setting = Some(Lookahead {
+        every: 2,
+        decay: 0.7,
+    });
+    let bits = |m: &Model| -> Vec<Vec<u32>> {
+        m.tensors()
+            .unwrap()
+            .into_iter()
+            .map(|(_, t)| common::f32_bits(&t))
+            .collect()
+    };
+    let mut straight = model(device);
+    straight.set_lookahead(setting).unwrap();
+    for _ in 0..7 {
+        straight.train_batch(&x, &y).unwrap();
+    }
+    let mut first = model(device);
+    first.set_lookahead(setting).unwrap();
+    // Between two updates, where the average and the weights differ.
+    for _ in 0..3 {
+        first.train_batch(&x, &y).unwrap();
+    }
+    let path = dir.0.join("lookahead.aether");
+    first.save(&path).unwrap();
+    let file = std::fs::read(&path).unwrap();
+    let names = safetensors::SafeTensors::deserialize(&file)
+        .unwrap()
+        .names()
+        .len();
+    assert!(
+        safetensors::SafeTensors::deserialize(&file)
+            .unwrap()
+            .tensor("optimizer.lookahead.0")
+            .is_ok(),
+        "the average is saved ({names} tensors)"
+    );
+    let mut resumed = Model::resume(&path, device).unwrap();
+    resumed.set_lookahead(setting).unwrap();
+    for _ in 0..4 {
+        resumed.train_batch(&x, &y).unwrap();
+    }
+    assert!(bits(&resumed) == bits(&straight), "resumed differs");
 });

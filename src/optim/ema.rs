@@ -12,7 +12,7 @@
 use super::Param;
 use super::packed::{GATE_OPEN, Packed, WORKGROUP, copy_into, gpu_buf, pipeline};
 use crate::device::Device;
-use crate::error::{Result, check_hyperparameter};
+use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::flat_grid;
 use crate::tensor::{DType, Shape, Tensor};
 
@@ -53,26 +53,61 @@ impl Lookahead {
     }
 }
 
-/// Makes `packed`'s average from `params` as they are (before the step).
-pub(crate) fn start(packed: &mut Packed, params: &[Param], device: &Device) -> Result<()> {
+/// Makes `packed`'s average from `restored` (a checkpoint's, per parameter,
+/// sizes checked) or else from `params` as they are (before the step).
+pub(crate) fn start(
+    packed: &mut Packed,
+    params: &[Param],
+    device: &Device,
+    restored: Option<Vec<Vec<f32>>>,
+) -> Result<()> {
     let total = packed.total();
-    packed.ema = Some(match device {
-        Device::Cpu => {
-            let mut flat = vec![0.0; total];
-            for (p, &at) in params.iter().zip(&packed.offsets) {
-                flat[at..at + p.value.numel()].copy_from_slice(&p.value.to_vec_f32()?);
-            }
-            Tensor::from_f32(vec![total], flat, device)?
+    if let Some(r) = &restored {
+        let saved: Vec<usize> = r.iter().map(Vec::len).collect();
+        if saved != packed.lengths {
+            return Err(AetherError::ShapeMismatch {
+                op: "lookahead (parameter sizes of the restored average)",
+                expected: saved,
+                actual: packed.lengths.clone(),
+            });
         }
-        Device::Gpu(ctx) => {
+    }
+    let mut flat = vec![0.0; total];
+    for (k, (p, &at)) in params.iter().zip(&packed.offsets).enumerate() {
+        let values = match &restored {
+            Some(r) => r[k].clone(),
+            None => p.value.to_vec_f32()?,
+        };
+        flat[at..at + values.len()].copy_from_slice(&values);
+    }
+    packed.ema = Some(match device {
+        Device::Gpu(ctx) if restored.is_none() => {
+            // Copies, not an upload: an upload would flush the pending batch.
             let ema = Tensor::uninit_gpu(ctx, Shape::new([total])?, DType::F32)?;
             for (p, &at) in params.iter().zip(&packed.offsets) {
                 copy_into(ctx, p.value, &ema, at as u64 * 4);
             }
             ema
         }
+        _ => Tensor::from_f32(vec![total], flat, device)?,
     });
     Ok(())
+}
+
+/// The average per parameter, for a checkpoint (a read back on the GPU).
+pub(crate) fn unpack(packed: &Packed) -> Result<Option<Vec<Vec<f32>>>> {
+    let Some(ema) = &packed.ema else {
+        return Ok(None);
+    };
+    let all = ema.to_vec_f32()?;
+    Ok(Some(
+        packed
+            .lengths
+            .iter()
+            .zip(&packed.offsets)
+            .map(|(&len, &at)| all[at..at + len].to_vec())
+            .collect(),
+    ))
 }
 
 /// One lookahead update of `params` (right after a step, which left them as

@@ -223,6 +223,35 @@ impl Optimizer {
         }
     }
 
+    /// The lookahead average per parameter, for a checkpoint; `None` where
+    /// none is kept (a read back on the GPU).
+    pub fn lookahead_state(&self) -> Result<Option<Vec<Vec<f32>>>> {
+        let core = self.core();
+        match &core.packed {
+            Some(packed) => ema::unpack(packed),
+            None => Ok(core.restored_lookahead.clone()),
+        }
+    }
+
+    /// Continues the lookahead average from a checkpoint's (see
+    /// [`Optimizer::lookahead_state`]) at the next step that keeps one; every
+    /// value must be finite, and the next step refuses other sizes.
+    pub fn set_lookahead_state(&mut self, average: Vec<Vec<f32>>) -> Result<()> {
+        if let Some(bad) = average.iter().flatten().find(|x| !x.is_finite()) {
+            return Err(AetherError::InvalidShape {
+                op: "Optimizer::set_lookahead_state",
+                shape: average.iter().map(Vec::len).collect(),
+                reason: format!("the average must be finite (holds {bad})"),
+            });
+        }
+        let core = self.core_mut();
+        if let Some(packed) = &mut core.packed {
+            packed.ema = None;
+        }
+        core.restored_lookahead = Some(average);
+        Ok(())
+    }
+
     /// One lookahead update of `params` (the parameters of the step just
     /// taken, in its order): the average moves toward them by `1 - decay`
     /// and they become the average. Nothing before the average exists.
@@ -250,6 +279,8 @@ pub(crate) struct Core {
     restored: Option<OptimizerState>,
     /// Whether the steps keep a lookahead average of the weights (ema.rs).
     track_lookahead: bool,
+    /// A checkpoint's lookahead average, per parameter, for the first step.
+    restored_lookahead: Option<Vec<Vec<f32>>>,
 }
 
 impl Core {
@@ -294,10 +325,9 @@ impl Core {
                 self.restored = None;
             }
         }
-        let track = self.track_lookahead;
-        let packed = self.packed();
-        if track && packed.ema.is_none() {
-            ema::start(packed, params, &device)?;
+        if self.track_lookahead && self.packed().ema.is_none() {
+            let restored = self.restored_lookahead.take();
+            ema::start(self.packed(), params, &device, restored)?;
         }
         self.steps += 1;
         Ok(Some(device))
