@@ -177,7 +177,7 @@ struct SgdSettings {
 
 /// A network: a plain stack of layers applied in order, or a graph of them
 /// ([`Graph`], for skip connections and branches), trained with one loss and
-/// Adam or AdamW, on the CPU path or a GPU.
+/// an optimizer ([`crate::optim::Adam`] or [`crate::optim::Sgd`]), on the CPU path or a GPU.
 ///
 /// Build it with [`add`](Self::add) (or [`from_graph`](Self::from_graph)) and
 /// [`configure`](Self::configure), move it
@@ -1077,7 +1077,7 @@ impl Model {
     /// `Ok` where every training step so far had a finite loss and finite
     /// gradients. Else the error naming the first that did not: that step
     /// and every later one changed nothing (the optimizer skipped them, see
-    /// [`Adam`]), and they are taken back, so the model is as it was before
+    /// [`crate::optim`]), and they are taken back, so the model is as it was before
     /// it and trains on from there. [`Model::train`] checks this on its
     /// logging steps and at every epoch's end; after [`Model::train_batch`]
     /// or [`Model::train_tensors`] call it where their loss is read (it waits

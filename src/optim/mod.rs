@@ -18,6 +18,36 @@
 //! changes nothing either, until [`Optimizer::reopen`] after the host has read
 //! [`Optimizer::skipped_step`]: the parameters and the optimizer's state stay
 //! those from before the first bad step.
+//!
+//! airbench's recipe, as a model sets it up (each piece is optional):
+//!
+//! ```
+//! use aether::nn::{BatchNorm, Conv2d, Dense, GlobalAvgPool, ReLU};
+//! use aether::optim::{Lookahead, LossScale, ParamGroup, PiecewiseLinear, Sgd};
+//! use aether::{Device, Loss, Metric, Model, Padding};
+//!
+//! let mut model = Model::new().seed(1);
+//! model.add(Conv2d::new(8, (2, 2), Padding::Valid)); // say, a whitening conv
+//! model.add(Conv2d::new(16, (3, 3), Padding::Same).bias(false));
+//! model.add(BatchNorm::new(0.9, 1e-5));
+//! model.add(ReLU::default());
+//! model.add(GlobalAvgPool::default());
+//! model.add(Dense::new(10));
+//! let sgd = Sgd::new(0.2).momentum(0.85).nesterov(true).weight_decay(5e-4);
+//! let loss = Loss::SoftmaxCrossEntropy { label_smoothing: 0.2 };
+//! model.configure(loss, sgd, Metric::CategoricalAccuracy);
+//! let bn_biases = ParamGroup::kind("BatchNorm", Some("beta")).lr_scale(64.0).decay_scale(1.0 / 64.0);
+//! model.set_param_groups(vec![bn_biases])?;
+//! model.set_schedule(Some(Box::new(PiecewiseLinear::triangle(0.2, 1000, 0.2, 0.23, 0.07))));
+//! model.set_lookahead(Some(Lookahead { every: 5, decay: 0.77 }))?;
+//! model.set_loss_scale(LossScale::Auto)?; // the default: dynamic on an f16 GPU
+//! model.set_trainable(0, false)?; // the whitening conv stays as initialised
+//! model.to(&Device::Cpu)?;
+//! model.finalize(&[8, 8, 3])?;
+//! let (x, y) = aether::data::synthetic_images(16, 8, 8, 1)?;
+//! model.train_batch(&x, &y)?;
+//! # Ok::<(), aether::AetherError>(())
+//! ```
 
 mod adam;
 mod ema;
