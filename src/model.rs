@@ -1141,7 +1141,9 @@ impl Model {
     /// without an optimizer step: for inspecting or checking gradients. The
     /// forward pass trains as a step's does (BatchNorm normalises by the
     /// batch's statistics and takes them into its running ones; dropout draws
-    /// the next step's masks).
+    /// the next step's masks). Under a dynamic loss scale, gradients that
+    /// overflow f16 at the scale are taken again at half of it (moving the
+    /// running statistics again), as a training step would back off.
     pub fn gradients(&mut self, x: &[f32], y: &[u32]) -> Result<Gradients> {
         let n = self.sample_count(x, Some(y))?;
         self.check_batch(n)?;
@@ -1153,31 +1155,42 @@ impl Model {
             step: self.step as u32,
         };
         self.ensure_scaler()?;
-        let result = self.forward(&xb, mode).and_then(|out| {
-            let (loss, _, grad) = self.loss_grad_and_correct(&out, &yb)?;
-            self.backward(grad)?;
-            // The gradients of the scaled loss, divided back exactly (S is a
-            // power of two) into the loss's own.
-            let inv_scale = match &self.scaler {
-                Some(scaler) => 1.0 / scaler.scale()?.0,
-                None => 1.0,
-            };
-            let mut named = Vec::new();
-            for (i, layer) in self.layers.iter_mut().enumerate() {
-                for t in layer.trainables() {
-                    let grad = t.grad.to_vec_f32()?.iter().map(|g| g * inv_scale).collect();
-                    named.push((format!("layers.{i}.{}", t.name), grad));
+        loop {
+            let result = self.forward(&xb, mode).and_then(|out| {
+                let (loss, _, grad) = self.loss_grad_and_correct(&out, &yb)?;
+                self.backward(grad)?;
+                // The gradients of the scaled loss, divided back exactly (S is
+                // a power of two) into the loss's own.
+                let inv_scale = match &self.scaler {
+                    Some(scaler) => 1.0 / scaler.scale()?.0,
+                    None => 1.0,
+                };
+                let mut named = Vec::new();
+                for (i, layer) in self.layers.iter_mut().enumerate() {
+                    for t in layer.trainables() {
+                        let grad = t.grad.to_vec_f32()?.iter().map(|g| g * inv_scale).collect();
+                        named.push((format!("layers.{i}.{}", t.name), grad));
+                    }
                 }
+                Ok(Gradients {
+                    loss: loss.to_vec_f32()?[0],
+                    tensors: named,
+                })
+            });
+            for layer in &mut self.layers {
+                layer.end_step();
             }
-            Ok(Gradients {
-                loss: loss.to_vec_f32()?[0],
-                tensors: named,
-            })
-        });
-        for layer in &mut self.layers {
-            layer.end_step();
+            // An output gradient that overflowed f16 at this scale was
+            // clipped: the flag is taken (so the next step does not skip for
+            // it) and, where the scale can back off, the gradients are taken
+            // again at half of it, as the next step would be.
+            let Some(scaler) = &mut self.scaler else {
+                return result;
+            };
+            if result.is_err() || !scaler.take_overflow()? || !scaler.back_off()? {
+                return result;
+            }
         }
-        result
     }
 
     /// One optimizer step on a batch; returns the (GPU-resident) loss and correct count.

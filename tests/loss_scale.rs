@@ -289,3 +289,36 @@ fn bad_scales_are_errors_naming_the_value() {
         assert!(err.to_string().contains(text), "{scale:?}: {err}");
     }
 }
+
+/// `Model::gradients` backs off as a step would: at 2^24 on a batch of 2 the
+/// gradients overflow f16 and would come back clipped; they are taken again
+/// at a scale where they fit (within 0.1 of the CPU's per tensor, f16
+/// operands), and the flag does not make the next step skip.
+#[test]
+fn gradients_back_off_from_an_overflowing_scale() {
+    let Some(gpu) = f16_gpu() else { return };
+    let mut rng = Rng::fresh();
+    let seed = rng.next_u64();
+    let (x, y) = batch(&mut rng, 2);
+    let scale = LossScale::Dynamic {
+        init: 16_777_216.0,
+        growth_interval: 2000,
+    };
+    let mut model = net(seed, 1.0, scale, &gpu);
+    let got = model.gradients(&x, &y).unwrap().tensors;
+    let want = net(seed, 1.0, LossScale::Off, &Device::Cpu)
+        .gradients(&x, &y)
+        .unwrap()
+        .tensors;
+    for ((name, g), (_, c)) in got.iter().zip(&want) {
+        let err = norm_rel(g, c);
+        assert!(err < 0.1, "{name}: off by {err:e} (seed {})", rng.seed);
+    }
+    let (backed_off, _) = model.loss_scale().unwrap().unwrap();
+    assert!(backed_off < 16_777_216.0, "the scale backed off");
+    let before = weights(&model);
+    model.train_batch(&x, &y).unwrap();
+    model.check_steps().unwrap();
+    assert_eq!(model.loss_scale().unwrap(), Some((backed_off, 1)));
+    assert_ne!(weights(&model), before, "the step after trains");
+}

@@ -217,6 +217,35 @@ impl LossScaler {
         )
     }
 
+    /// Clears the overflow flag; whether it was raised (a read back on the
+    /// GPU). For a pass that is no optimizer step ([`crate::Model::gradients`]).
+    pub(crate) fn take_overflow(&mut self) -> Result<bool> {
+        let (scale, good) = self.scale()?;
+        let raised = self.state.to_vec_u32()?[2] != 0;
+        if raised {
+            self.reset(scale, good)?;
+        }
+        Ok(raised)
+    }
+
+    /// Halves a dynamic scale above 1 (restarting its growth count), as an
+    /// overflowing step does; false where it cannot.
+    pub(crate) fn back_off(&mut self) -> Result<bool> {
+        let (scale, _) = self.scale()?;
+        if self.growth_interval.is_none() || scale <= 1.0 {
+            return Ok(false);
+        }
+        self.reset(scale * 0.5, 0)?;
+        Ok(true)
+    }
+
+    /// The state rewritten as `scale` and `good` steps, the flag down.
+    fn reset(&mut self, scale: f32, good: u32) -> Result<()> {
+        let device = self.state.device();
+        self.state = Self::with_state(scale, good, self.growth_interval, &device)?.state;
+        Ok(())
+    }
+
     /// The host side of a step on the CPU path: `overflow` says whether the
     /// step's gradients were not finite. Returns whether the gate must close
     /// (an overflow no smaller scale can help).
@@ -241,7 +270,7 @@ impl LossScaler {
             }
             None => {}
         }
-        *self = Self::with_state(scale, good, self.growth_interval, &Device::Cpu)?;
+        self.reset(scale, good)?;
         Ok(close)
     }
 
