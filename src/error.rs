@@ -140,6 +140,11 @@ pub enum AetherError {
          nothing; the model keeps its state from before it"
     )]
     NonFiniteStep { step: u64, later: u64 },
+    /// A parameter group ([`crate::optim::ParamGroup`]) names a parameter
+    /// of a layer that is not trainable ([`crate::Model::set_trainable`]):
+    /// the group would set a learning rate nothing uses.
+    #[error("parameter group {group} names {param}, which is frozen (set_trainable false)")]
+    FrozenParameter { group: usize, param: String },
     /// A dataset file that cannot be used: missing, truncated, malformed, or a
     /// record with a bad label (`record` counts from 0).
     #[error(

@@ -19,10 +19,12 @@ use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::graph::{self, Graph, NodeId};
 use crate::nn::{Layer, LayerSpec, Mode};
 use crate::ops::loss::{
-    correct_count, cross_entropy, softmax, softmax_cross_entropy,
-    softmax_cross_entropy_with_correct,
+    correct_count, cross_entropy_scaled, softmax, softmax_cross_entropy_with_correct_scaled,
 };
-use crate::optim::{Adam, AdamState, Param, regularization_loss};
+use crate::optim::{
+    Adam, Lookahead, LossScale, LossScaler, Optimizer, OptimizerState, Param, ParamGroup, Schedule,
+    Sgd, regularization_loss,
+};
 use crate::progress::Progress;
 use crate::tensor::{DType, Tensor};
 
@@ -79,7 +81,8 @@ pub struct TrainOptions<'a> {
     /// let hook = |b: &mut BatchContext| {
     ///     let step = b.step as u32;
     ///     b.inputs = reflect_translate_alternating_flip(&b.inputs, 2, b.rows, b.seed, step, b.epoch)?;
-    ///     b.optimizer().learning_rate = if b.step < 100 { 1e-3 } else { 5e-4 };
+    ///     let lr = if b.step < 100 { 1e-3 } else { 5e-4 };
+    ///     b.optimizer().set_learning_rate(lr);
     ///     Ok(())
     /// };
     /// let options = TrainOptions { on_batch: Some(&hook), ..Default::default() };
@@ -141,14 +144,16 @@ pub struct BatchContext<'m> {
     pub inputs: Tensor,
     /// The batch's class labels (U32), on the model's device.
     pub labels: Tensor,
-    optimizer: &'m mut Adam,
+    optimizer: &'m mut Optimizer,
     layers: &'m [Box<dyn Layer>],
 }
 
 impl BatchContext<'_> {
-    /// The model's optimizer: set `learning_rate` (and the other public
-    /// hyperparameters) for this step and the following ones.
-    pub fn optimizer(&mut self) -> &mut Adam {
+    /// The model's optimizer: set its learning rate
+    /// ([`Optimizer::set_learning_rate`]) or other hyperparameters for this
+    /// step and the following ones (a schedule set with
+    /// [`Model::set_schedule`] sets the rate before each step, after this).
+    pub fn optimizer(&mut self) -> &mut Optimizer {
         self.optimizer
     }
 
@@ -246,7 +251,8 @@ const METADATA_KEY: &str = "aether_architecture";
 const TRAINING_KEY: &str = "aether_training";
 
 /// Where training stands, as a checkpoint saves it beside the optimizer's
-/// moments (tensors `optimizer.m.{k}` and `optimizer.v.{k}`).
+/// state (tensors `optimizer.{buffer}.{k}`: Adam's `m` and `v`, SGD's
+/// `momentum`). Adam's fields keep their names of files before SGD.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct TrainingState {
     /// The model's seed: its dropout masks and shuffles.
@@ -260,13 +266,27 @@ struct TrainingState {
     beta2: f32,
     epsilon: f32,
     weight_decay: f32,
-    /// The optimizer's step count (its bias correction).
+    /// The optimizer's step count (Adam's bias correction).
     adam_steps: u32,
+    /// Present where the optimizer is SGD (the Adam fields are then unused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sgd: Option<SgdSettings>,
+    /// The loss scaler's scale and its steps toward the next growth, where
+    /// the model trained with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    loss_scale: Option<(f32, u32)>,
+}
+
+/// SGD's hyperparameters beside [`TrainingState`]'s learning rate and decay.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct SgdSettings {
+    momentum: f32,
+    nesterov: bool,
 }
 
 /// A network: a plain stack of layers applied in order, or a graph of them
 /// ([`Graph`], for skip connections and branches), trained with one loss and
-/// Adam or AdamW, on the CPU path or a GPU.
+/// an optimizer ([`crate::optim::Adam`] or [`crate::optim::Sgd`]), on the CPU path or a GPU.
 ///
 /// Build it with [`add`](Self::add) (or [`from_graph`](Self::from_graph)) and
 /// [`configure`](Self::configure), move it
@@ -309,7 +329,21 @@ pub struct Model {
     readers: Vec<Vec<usize>>,
     input_readers: Vec<usize>,
     loss: Option<Loss>,
-    optimizer: Option<Adam>,
+    optimizer: Option<Optimizer>,
+    /// How the loss gradient is scaled, and the scaler it resolved to on the
+    /// first step on this device (dropped with the optimizer's state).
+    loss_scale: LossScale,
+    scaler: Option<LossScaler>,
+    /// A checkpoint's scale and growth count, for the first scaler after it.
+    restored_scale: Option<(f32, u32)>,
+    /// Rules setting parameters' learning-rate and decay multipliers.
+    groups: Vec<ParamGroup>,
+    /// Layers whose parameters the optimizer does not update.
+    frozen: Vec<usize>,
+    /// Sets the optimizer's learning rate before each step.
+    schedule: Option<Box<dyn Schedule>>,
+    /// Pulls the weights to their moving average every few steps.
+    lookahead: Option<Lookahead>,
     device: Device,
     input_shape: Option<Vec<usize>>,
     /// Per-sample shape after each layer, from `finalize`: what bounds the
@@ -423,6 +457,30 @@ fn model_err(message: impl Into<String>) -> AetherError {
     AetherError::Model(message.into())
 }
 
+/// `Ok` where no group names a parameter of a frozen layer by its index,
+/// else the error naming the first such parameter.
+fn check_frozen(groups: &[ParamGroup], frozen: &[usize], layers: &[Box<dyn Layer>]) -> Result<()> {
+    for (g, group) in groups.iter().enumerate() {
+        let Some(index) = group.named_layer().filter(|i| frozen.contains(i)) else {
+            continue;
+        };
+        let kind = layers.get(index).map(|l| l.spec().kind()).unwrap_or("?");
+        let names: Vec<&str> = layers
+            .get(index)
+            .map(|l| l.state().into_iter().map(|(n, _)| n).collect())
+            .unwrap_or_default();
+        let name = names
+            .into_iter()
+            .find(|n| group.selects(index, kind, n))
+            .unwrap_or("(all)");
+        return Err(AetherError::FrozenParameter {
+            group: g,
+            param: format!("layers.{index}.{name} ({kind})"),
+        });
+    }
+    Ok(())
+}
+
 impl Model {
     /// An empty model on the CPU with seed 0.
     pub fn new() -> Self {
@@ -433,6 +491,13 @@ impl Model {
             input_readers: Vec::new(),
             loss: None,
             optimizer: None,
+            loss_scale: LossScale::Auto,
+            scaler: None,
+            restored_scale: None,
+            groups: Vec::new(),
+            frozen: Vec::new(),
+            schedule: None,
+            lookahead: None,
             device: Device::Cpu,
             input_shape: None,
             output_shapes: Vec::new(),
@@ -532,17 +597,140 @@ impl Model {
     /// checked at `finalize`). `metric` names what `train` and `evaluate`
     /// report beside the loss; [`Metric::CategoricalAccuracy`] is the only
     /// one and is always reported, so the argument changes nothing.
-    pub fn configure(&mut self, loss: Loss, optimizer: Adam, _metric: Metric) -> &mut Self {
+    pub fn configure(
+        &mut self,
+        loss: Loss,
+        optimizer: impl Into<Optimizer>,
+        _metric: Metric,
+    ) -> &mut Self {
         self.loss = Some(loss);
-        self.optimizer = Some(optimizer);
+        self.optimizer = Some(optimizer.into());
         self
     }
 
-    /// The optimizer given to [`Model::configure`], to change its
-    /// hyperparameters between steps (a learning-rate schedule, say; from
-    /// inside [`Model::train`], [`BatchContext::optimizer`] is the same one).
-    pub fn optimizer_mut(&mut self) -> Option<&mut Adam> {
+    /// How the loss gradient is scaled ([`LossScale`]; by default
+    /// [`LossScale::Auto`]: GradScaler's dynamic scale where a layer rounds
+    /// its output gradient to f16, none on the CPU path). Takes effect at the
+    /// next step from a fresh scale.
+    pub fn set_loss_scale(&mut self, scale: LossScale) -> Result<&mut Self> {
+        scale.validate()?;
+        self.loss_scale = scale;
+        self.scaler = None;
+        self.restored_scale = None;
+        Ok(self)
+    }
+
+    /// The loss scale now and the steps counted toward its next growth;
+    /// `None` where the model trains unscaled (or took no step yet and
+    /// resumed none). On the GPU this reads the scale back.
+    pub fn loss_scale(&self) -> Result<Option<(f32, u32)>> {
+        match &self.scaler {
+            Some(scaler) => scaler.scale().map(Some),
+            None => Ok(self.restored_scale),
+        }
+    }
+
+    /// Sets the parameter groups: each selects parameters by layer kind or
+    /// index and sets their learning-rate and weight-decay multipliers
+    /// (later groups override earlier ones), carried in the optimizer's
+    /// segment table, so the update stays one dispatch. A group naming a
+    /// frozen layer by index is [`AetherError::FrozenParameter`].
+    pub fn set_param_groups(&mut self, groups: Vec<ParamGroup>) -> Result<&mut Self> {
+        for group in &groups {
+            group.validate()?;
+        }
+        check_frozen(&groups, &self.frozen, &self.layers)?;
+        self.groups = groups;
+        Ok(self)
+    }
+
+    /// Freezes layer `index` (`trainable` false: the optimizer leaves its
+    /// parameters as they are) or trains it again. Its gradients are still
+    /// computed (a layer's backward makes them with its input gradient).
+    /// The parameter set changes, so the optimizer's state starts afresh.
+    /// A parameter group naming the layer is
+    /// [`AetherError::FrozenParameter`].
+    pub fn set_trainable(&mut self, index: usize, trainable: bool) -> Result<&mut Self> {
+        if index >= self.layers.len() {
+            return Err(model_err(format!(
+                "set_trainable: no layer {index} (the model has {})",
+                self.layers.len()
+            )));
+        }
+        let mut frozen = self.frozen.clone();
+        frozen.retain(|&i| i != index);
+        if !trainable {
+            frozen.push(index);
+        }
+        check_frozen(&self.groups, &frozen, &self.layers)?;
+        if frozen != self.frozen {
+            self.frozen = frozen;
+            self.forget_optimizer_state();
+        }
+        Ok(self)
+    }
+
+    /// Sets the learning rate of every later step from `schedule`, by the
+    /// model's step count ([`Schedule::lr`]): a resumed model carries on
+    /// where it stopped, given the same schedule again. `None` keeps the
+    /// optimizer's rate as it is.
+    pub fn set_schedule(&mut self, schedule: Option<Box<dyn Schedule>>) -> &mut Self {
+        self.schedule = schedule;
+        self
+    }
+
+    /// Keeps a lookahead average of the trained parameters (airbench's
+    /// `LookaheadState`; see [`Lookahead`]): it starts from the weights
+    /// before the next step, and after every `every`-th optimizer step the
+    /// average moves toward the weights by `1 - decay` and the weights
+    /// become the average, in one dispatch over all parameters. Changing
+    /// `decay` later (airbench raises it) keeps the average; `None` drops
+    /// it. A checkpoint saves the average (`optimizer.lookahead.{k}`) but
+    /// not this setting: set it again after [`Model::resume`] and the
+    /// average carries on.
+    pub fn set_lookahead(&mut self, lookahead: Option<Lookahead>) -> Result<&mut Self> {
+        if let Some(l) = &lookahead {
+            l.validate()?;
+        }
+        self.lookahead = lookahead;
+        Ok(self)
+    }
+
+    /// Whether layer `index`'s parameters train (see [`Model::set_trainable`]).
+    pub fn is_trainable(&self, index: usize) -> bool {
+        !self.frozen.contains(&index)
+    }
+
+    /// The optimizer, to change its hyperparameters between steps (a
+    /// learning rate by hand, where no schedule sets it).
+    pub fn optimizer_mut(&mut self) -> Option<&mut Optimizer> {
         self.optimizer.as_mut()
+    }
+
+    /// The optimizer, once configured (its step count, state, gate).
+    pub fn optimizer(&self) -> Option<&Optimizer> {
+        self.optimizer.as_ref()
+    }
+
+    /// Whether any layer rounds its output gradient to f16 on this device:
+    /// what [`LossScale::Auto`] scales for.
+    fn rounds_grads_to_f16(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| l.rounds_output_grad_to_f16(&self.device))
+    }
+
+    /// The loss scaler of the next step, made on the first one.
+    fn ensure_scaler(&mut self) -> Result<()> {
+        if self.scaler.is_some() {
+            return Ok(());
+        }
+        self.scaler = LossScaler::new(self.loss_scale, self.rounds_grads_to_f16(), &self.device)?;
+        if let (Some(scaler), Some((scale, good))) = (&mut self.scaler, self.restored_scale.take())
+        {
+            *scaler = LossScaler::with_state(scale, good, scaler.growth_interval(), &self.device)?;
+        }
+        Ok(())
     }
 
     /// `Ok` where the loss and the optimizer, as configured now, can train
@@ -798,6 +986,7 @@ impl Model {
         if let Some(opt) = &mut self.optimizer {
             opt.forget_state();
         }
+        self.scaler = None;
     }
 
     /// Moves every parameter and statistic to `device`.
@@ -929,6 +1118,11 @@ impl Model {
             self.timing_scope(|| format!("{i} {} backward", self.layers[i].spec().kind()));
             let sources = self.sources(i);
             let need_dx = sources.iter().any(|s| matches!(s, NodeId::Layer(_)));
+            if let Some(scaler) = &self.scaler
+                && self.layers[i].rounds_output_grad_to_f16(&self.device)
+            {
+                scaler.check_saturation(&dy)?;
+            }
             let dxs = self.layers[i].backward_inputs(&dy, need_dx)?;
             for (source, dx) in sources.into_iter().zip(dxs) {
                 if let (NodeId::Layer(j), Some(dx)) = (source, dx) {
@@ -942,32 +1136,27 @@ impl Model {
         Ok(())
     }
 
-    fn loss_and_grad(&self, out: &Tensor, labels: &Tensor) -> Result<(Tensor, Tensor)> {
-        match self
-            .loss
-            .ok_or_else(|| model_err("call configure(loss, optimizer, metric) first"))?
-        {
-            Loss::SoftmaxCrossEntropy { label_smoothing } => {
-                softmax_cross_entropy(out, labels, label_smoothing)
-            }
-            Loss::CategoricalCrossEntropy { label_smoothing } => {
-                cross_entropy(out, labels, label_smoothing)
-            }
-        }
-    }
-
-    /// The loss, the count of correct rows and the loss's gradient: for the
-    /// softmax loss in one GPU dispatch where the batch allows.
+    /// The loss, the count of correct rows and the loss's gradient, scaled
+    /// by the loss scaler's scale where there is one: for the softmax loss
+    /// in one GPU dispatch where the batch allows.
     fn loss_grad_and_correct(
         &self,
         out: &Tensor,
         labels: &Tensor,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        if let Some(Loss::SoftmaxCrossEntropy { label_smoothing }) = self.loss {
-            return softmax_cross_entropy_with_correct(out, labels, label_smoothing);
+        let scale = self.scaler.as_ref().map(LossScaler::state);
+        match self
+            .loss
+            .ok_or_else(|| model_err("call configure(loss, optimizer, metric) first"))?
+        {
+            Loss::SoftmaxCrossEntropy { label_smoothing } => {
+                softmax_cross_entropy_with_correct_scaled(out, labels, label_smoothing, scale)
+            }
+            Loss::CategoricalCrossEntropy { label_smoothing } => {
+                let (loss, grad) = cross_entropy_scaled(out, labels, label_smoothing, scale)?;
+                Ok((loss, correct_count(out, labels)?, grad))
+            }
         }
-        let (loss, grad) = self.loss_and_grad(out, labels)?;
-        Ok((loss, correct_count(out, labels)?, grad))
     }
 
     /// The sum of every layer's L1/L2 penalties (one GPU reduction over all of
@@ -997,7 +1186,7 @@ impl Model {
     /// `Ok` where every training step so far had a finite loss and finite
     /// gradients. Else the error naming the first that did not: that step
     /// and every later one changed nothing (the optimizer skipped them, see
-    /// [`Adam`]), and they are taken back, so the model is as it was before
+    /// [`crate::optim`]), and they are taken back, so the model is as it was before
     /// it and trains on from there. [`Model::train`] checks this on its
     /// logging steps and at every epoch's end; after [`Model::train_batch`]
     /// or [`Model::train_tensors`] call it where their loss is read (it waits
@@ -1061,7 +1250,9 @@ impl Model {
     /// without an optimizer step: for inspecting or checking gradients. The
     /// forward pass trains as a step's does (BatchNorm normalises by the
     /// batch's statistics and takes them into its running ones; dropout draws
-    /// the next step's masks).
+    /// the next step's masks). Under a dynamic loss scale, gradients that
+    /// overflow f16 at the scale are taken again at half of it (moving the
+    /// running statistics again), as a training step would back off.
     pub fn gradients(&mut self, x: &[f32], y: &[u32]) -> Result<Gradients> {
         let n = self.sample_count(x, Some(y))?;
         self.check_batch(n)?;
@@ -1072,35 +1263,43 @@ impl Model {
             seed: self.seed,
             step: self.step as u32,
         };
-        let result = self.forward(&xb, mode).and_then(|out| {
-            let (loss, _, grad) = self.loss_grad_and_correct(&out, &yb)?;
-            self.backward(grad)?;
-            let mut named = Vec::new();
-            for (i, layer) in self.layers.iter_mut().enumerate() {
-                // Trainables are state tensors: name each by the state entry it is.
-                let names: Vec<(&'static str, *const Tensor)> = layer
-                    .state()
-                    .into_iter()
-                    .map(|(name, t)| (name, t as *const Tensor))
-                    .collect();
-                for t in layer.trainables() {
-                    let at = &*t.value as *const Tensor;
-                    let name = names
-                        .iter()
-                        .find(|(_, p)| std::ptr::eq(*p, at))
-                        .map_or("?", |(name, _)| name);
-                    named.push((format!("layers.{i}.{name}"), t.grad.to_vec_f32()?));
+        self.ensure_scaler()?;
+        loop {
+            let result = self.forward(&xb, mode).and_then(|out| {
+                let (loss, _, grad) = self.loss_grad_and_correct(&out, &yb)?;
+                self.backward(grad)?;
+                // The gradients of the scaled loss, divided back exactly (S is
+                // a power of two) into the loss's own.
+                let inv_scale = match &self.scaler {
+                    Some(scaler) => 1.0 / scaler.scale()?.0,
+                    None => 1.0,
+                };
+                let mut named = Vec::new();
+                for (i, layer) in self.layers.iter_mut().enumerate() {
+                    for t in layer.trainables() {
+                        let grad = t.grad.to_vec_f32()?.iter().map(|g| g * inv_scale).collect();
+                        named.push((format!("layers.{i}.{}", t.name), grad));
+                    }
                 }
+                Ok(Gradients {
+                    loss: loss.to_vec_f32()?[0],
+                    tensors: named,
+                })
+            });
+            for layer in &mut self.layers {
+                layer.end_step();
             }
-            Ok(Gradients {
-                loss: loss.to_vec_f32()?[0],
-                tensors: named,
-            })
-        });
-        for layer in &mut self.layers {
-            layer.end_step();
+            // An output gradient that overflowed f16 at this scale was
+            // clipped: the flag is taken (so the next step does not skip for
+            // it) and, where the scale can back off, the gradients are taken
+            // again at half of it, as the next step would be.
+            let Some(scaler) = &mut self.scaler else {
+                return result;
+            };
+            if result.is_err() || !scaler.take_overflow()? || !scaler.back_off()? {
+                return result;
+            }
         }
-        result
     }
 
     /// One optimizer step on a batch; returns the (GPU-resident) loss and correct count.
@@ -1109,7 +1308,11 @@ impl Model {
         if self.loss.is_none() || self.optimizer.is_none() {
             return Err(model_err("call configure(loss, optimizer, metric) first"));
         }
+        if let (Some(schedule), Some(optimizer)) = (&self.schedule, &mut self.optimizer) {
+            optimizer.set_learning_rate(schedule.lr(self.step));
+        }
         self.check_configuration()?;
+        self.ensure_scaler()?;
         let mode = Mode::Train {
             seed: self.seed,
             step: self.step as u32,
@@ -1124,24 +1327,29 @@ impl Model {
             .as_mut()
             .ok_or_else(|| model_err("call configure first"))?;
         let mut counts = Vec::with_capacity(self.layers.len());
-        let mut trainables = Vec::new();
-        for layer in &mut self.layers {
-            let mine = layer.trainables();
+        let mut trainables: Vec<Param> = Vec::new();
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            if self.frozen.contains(&i) {
+                counts.push(0);
+                continue;
+            }
+            let kind = layer.spec().kind();
+            let mut mine = layer.trainables();
+            for p in &mut mine {
+                for group in self.groups.iter().filter(|g| g.selects(i, kind, p.name)) {
+                    group.apply(p);
+                }
+            }
             counts.push(mine.len());
             trainables.extend(mine);
         }
-        let mut params: Vec<Param> = trainables
-            .iter_mut()
-            .map(|t| Param {
-                value: &mut *t.value,
-                grad: t.grad,
-                l1: t.l1,
-                l2: t.l2,
-                decays: t.decays,
-            })
-            .collect();
-        optimizer.step_with_loss(&mut params, Some(&loss))?;
-        drop(params);
+        optimizer.track_lookahead(self.lookahead.is_some());
+        optimizer.step_scaled(&mut trainables, Some(&loss), self.scaler.as_mut())?;
+        if let Some(lookahead) = self.lookahead
+            && optimizer.steps() % lookahead.every == 0
+        {
+            optimizer.lookahead(&mut trainables, lookahead.decay)?;
+        }
         drop(trainables);
         for layer in &mut self.layers {
             layer.params_updated();
@@ -1432,8 +1640,8 @@ impl Model {
             let labels: Vec<u32> = chunk.iter().map(|&i| y[i]).collect();
             let yb = Tensor::from_u32(vec![chunk.len()], labels, &self.device)?;
             let out = self.forward(&xb, Mode::Infer)?;
-            let (loss, _) = self.loss_and_grad(&out, &yb)?;
-            pending.push((loss, correct_count(&out, &yb)?, chunk.len()));
+            let (loss, correct, _) = self.loss_grad_and_correct(&out, &yb)?;
+            pending.push((loss, correct, chunk.len()));
         }
         let (mut loss_sum, mut correct) = (0.0f64, 0u64);
         for (loss, c, len) in pending {
@@ -1652,20 +1860,38 @@ impl Model {
             step -= u64::from(state.steps - (first - 1));
             state.steps = first - 1;
         }
+        let (beta1, beta2, epsilon, weight_decay, sgd) = match optimizer {
+            Optimizer::Adam(a) => (a.beta1, a.beta2, a.epsilon, a.weight_decay, None),
+            Optimizer::Sgd(s) => {
+                let settings = SgdSettings {
+                    momentum: s.momentum,
+                    nesterov: s.nesterov,
+                };
+                (0.0, 0.0, 0.0, s.weight_decay, Some(settings))
+            }
+        };
         let training = TrainingState {
             seed: self.seed,
             step,
             epochs_done: self.epochs_done,
-            learning_rate: optimizer.learning_rate,
-            beta1: optimizer.beta1,
-            beta2: optimizer.beta2,
-            epsilon: optimizer.epsilon,
-            weight_decay: optimizer.weight_decay,
+            learning_rate: optimizer.learning_rate(),
+            beta1,
+            beta2,
+            epsilon,
+            weight_decay,
             adam_steps: state.steps,
+            sgd,
+            loss_scale: self.loss_scale()?,
         };
         let mut tensors = Vec::new();
-        for (which, moments) in [("m", &state.m), ("v", &state.v)] {
-            for (k, values) in moments.iter().enumerate() {
+        let lookahead = optimizer.lookahead_state()?;
+        let buffers = state
+            .buffers
+            .iter()
+            .map(|(name, b)| (name.as_str(), b))
+            .chain(lookahead.as_ref().map(|b| ("lookahead", b)));
+        for (which, buffer) in buffers {
+            for (k, values) in buffer.iter().enumerate() {
                 let bytes: Vec<u8> = bytemuck::cast_slice(values).to_vec();
                 tensors.push((format!("optimizer.{which}.{k}"), vec![values.len()], bytes));
             }
@@ -1696,14 +1922,25 @@ impl Model {
         let mut model = Self::build(path, &arch, &file, device, training.seed)?;
         model.step = training.step;
         model.epochs_done = training.epochs_done;
-        let mut adam = Adam::new(training.learning_rate);
-        adam.beta1 = training.beta1;
-        adam.beta2 = training.beta2;
-        adam.epsilon = training.epsilon;
-        adam.weight_decay = training.weight_decay;
-        adam.validate()
+        let mut optimizer: Optimizer = match &training.sgd {
+            Some(sgd) => Sgd::new(training.learning_rate)
+                .momentum(sgd.momentum)
+                .nesterov(sgd.nesterov)
+                .weight_decay(training.weight_decay)
+                .into(),
+            None => {
+                let mut adam = Adam::new(training.learning_rate);
+                adam.beta1 = training.beta1;
+                adam.beta2 = training.beta2;
+                adam.epsilon = training.epsilon;
+                adam.weight_decay = training.weight_decay;
+                adam.into()
+            }
+        };
+        optimizer
+            .validate()
             .map_err(|e| file_err(path, format!("optimizer: {e}")))?;
-        let moments = |which: &str| -> Result<Vec<Vec<f32>>> {
+        let buffer = |which: &str| -> Result<Vec<Vec<f32>>> {
             let mut out = Vec::new();
             while let Ok(view) = file.tensor(&format!("optimizer.{which}.{}", out.len())) {
                 if view.dtype() != safetensors::Dtype::F32 || view.shape().len() != 1 {
@@ -1719,14 +1956,30 @@ impl Model {
             }
             Ok(out)
         };
-        let state = AdamState {
+        let state = OptimizerState {
             steps: training.adam_steps,
-            m: moments("m")?,
-            v: moments("v")?,
+            buffers: optimizer
+                .buffer_names()
+                .iter()
+                .map(|&name| Ok((name.to_owned(), buffer(name)?)))
+                .collect::<Result<_>>()?,
         };
-        adam.set_state(state)
+        optimizer
+            .set_state(state)
             .map_err(|e| file_err(path, format!("optimizer state: {e}")))?;
-        model.optimizer = Some(adam);
+        let average = buffer("lookahead")?;
+        if !average.is_empty() {
+            optimizer
+                .set_lookahead_state(average)
+                .map_err(|e| file_err(path, format!("lookahead average: {e}")))?;
+        }
+        model.optimizer = Some(optimizer);
+        if let Some((scale, good)) = training.loss_scale {
+            LossScale::Static(scale)
+                .validate()
+                .map_err(|e| file_err(path, format!("loss scale: {e}")))?;
+            model.restored_scale = Some((scale, good));
+        }
         Ok(model)
     }
 

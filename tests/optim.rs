@@ -88,11 +88,8 @@ fn run(device: &Device, weight_decay: f32, replace: bool) {
             .zip(&grad_tensors)
             .zip(LAYOUT)
             .map(|((value, grad), (_, l1, l2, decays))| Param {
-                value,
-                grad,
-                l1,
-                l2,
-                decays,
+                decay_scale: if decays { 1.0 } else { 0.0 },
+                ..Param::new("p", value, grad).penalties(l1, l2)
             })
             .collect();
         adam.step(&mut params).unwrap();
@@ -183,25 +180,10 @@ test_device!(changed_parameter_sizes_are_an_error, |device: &Device| {
     let mut adam = Adam::new(1e-3);
     let g = Tensor::from_f32(vec![3], vec![0.1, -0.2, 0.3], device).unwrap();
     let mut v = Tensor::from_f32(vec![3], vec![1.0, 2.0, 3.0], device).unwrap();
-    adam.step(&mut [Param {
-        value: &mut v,
-        grad: &g,
-        l1: 0.0,
-        l2: 0.0,
-        decays: true,
-    }])
-    .unwrap();
+    adam.step(&mut [Param::new("p", &mut v, &g)]).unwrap();
     let g2 = Tensor::from_f32(vec![2], vec![0.1, -0.2], device).unwrap();
     let mut v2 = Tensor::from_f32(vec![2], vec![1.0, 2.0], device).unwrap();
-    let err = adam
-        .step(&mut [Param {
-            value: &mut v2,
-            grad: &g2,
-            l1: 0.0,
-            l2: 0.0,
-            decays: true,
-        }])
-        .unwrap_err();
+    let err = adam.step(&mut [Param::new("p", &mut v2, &g2)]).unwrap_err();
     assert!(
         err.to_string().contains("[3]") && err.to_string().contains("[2]"),
         "{err}"
@@ -209,13 +191,7 @@ test_device!(changed_parameter_sizes_are_an_error, |device: &Device| {
     let mut bad = Tensor::from_f32(vec![3], vec![1.0, 2.0, 3.0], device).unwrap();
     assert!(
         Adam::new(1e-3)
-            .step(&mut [Param {
-                value: &mut bad,
-                grad: &g2,
-                l1: 0.0,
-                l2: 0.0,
-                decays: true
-            }])
+            .step(&mut [Param::new("p", &mut bad, &g2)])
             .is_err()
     );
 });
@@ -233,13 +209,7 @@ fn plain_params<'a>(values: &'a mut [Tensor], grads: &'a [Tensor]) -> Vec<Param<
     values
         .iter_mut()
         .zip(grads)
-        .map(|(value, grad)| Param {
-            value,
-            grad,
-            l1: 0.0,
-            l2: 0.0,
-            decays: true,
-        })
+        .map(|(value, grad)| Param::new("p", value, grad))
         .collect()
 }
 

@@ -355,23 +355,8 @@ fn a_non_finite_gradient_skips_the_adam_step_and_every_later_one() {
                 let [a, b] = &mut params[..] else {
                     unreachable!()
                 };
-                adam.step(&mut [
-                    Param {
-                        value: a,
-                        grad: &grads[0],
-                        l1: 0.0,
-                        l2: 0.0,
-                        decays: true,
-                    },
-                    Param {
-                        value: b,
-                        grad: &grads[1],
-                        l1: 0.0,
-                        l2: 0.0,
-                        decays: true,
-                    },
-                ])
-                .unwrap();
+                adam.step(&mut [Param::new("p", a, &grads[0]), Param::new("p", b, &grads[1])])
+                    .unwrap();
             }
             let after: Vec<Vec<f32>> = params.iter().map(|p| p.to_vec_f32().unwrap()).collect();
             assert_eq!(after, before, "{bad} on {}", device.name());
@@ -390,23 +375,8 @@ fn a_non_finite_gradient_skips_the_adam_step_and_every_later_one() {
             let mut fresh = Adam::new(1e-2);
             for (opt, ps) in [(&mut adam, &mut params), (&mut fresh, &mut fresh_params)] {
                 let [a, b] = &mut ps[..] else { unreachable!() };
-                opt.step(&mut [
-                    Param {
-                        value: a,
-                        grad: &good[0],
-                        l1: 0.0,
-                        l2: 0.0,
-                        decays: true,
-                    },
-                    Param {
-                        value: b,
-                        grad: &good[1],
-                        l1: 0.0,
-                        l2: 0.0,
-                        decays: true,
-                    },
-                ])
-                .unwrap();
+                opt.step(&mut [Param::new("p", a, &good[0]), Param::new("p", b, &good[1])])
+                    .unwrap();
             }
             let moved: Vec<Vec<f32>> = params.iter().map(|p| p.to_vec_f32().unwrap()).collect();
             let expected: Vec<Vec<f32>> = fresh_params

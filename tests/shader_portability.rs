@@ -202,6 +202,24 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
     g.add(Scale::new(0.5), &[logits]);
     let graph = Model::from_graph(g).seed(4).f16_activations(on);
     let mut graph = common::ready_model(graph, device, &input);
+    // SGD with Nesterov momentum, a lookahead every step and a static loss
+    // scale (the saturation check and the scaler's update) for their kernels.
+    let sgd = aether::optim::Sgd::new(0.1).momentum(0.9).nesterov(true);
+    graph.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.0,
+        },
+        sgd,
+        Metric::CategoricalAccuracy,
+    );
+    graph
+        .set_loss_scale(aether::optim::LossScale::Static(1024.0))
+        .unwrap();
+    let lookahead = aether::optim::Lookahead {
+        every: 1,
+        decay: 0.9,
+    };
+    graph.set_lookahead(Some(lookahead)).unwrap();
     let x = rng.vec(batch * 8 * 8 * 3);
     graph.train_batch(&x, &[2, 1, 0, 1]).unwrap();
     graph.predict(&x, batch, false).unwrap();

@@ -241,8 +241,11 @@ test_device!(
         let before = weights(&model);
         let configured = Mutex::new(Vec::new());
         let freeze = |b: &mut BatchContext| {
-            configured.lock().unwrap().push(b.optimizer().learning_rate);
-            b.optimizer().learning_rate = 0.0;
+            configured
+                .lock()
+                .unwrap()
+                .push(b.optimizer().learning_rate());
+            b.optimizer().set_learning_rate(0.0);
             Ok(())
         };
         model
@@ -264,7 +267,8 @@ test_device!(
         // A schedule (1e-2 halved each step) equals steps taken by hand at those rates.
         let schedule = |step: u64| 1e-2 * 0.5f32.powi(step as i32);
         let decay = |b: &mut BatchContext| {
-            b.optimizer().learning_rate = schedule(b.step);
+            let lr = schedule(b.step);
+            b.optimizer().set_learning_rate(lr);
             Ok(())
         };
         let mut hooked = net(device, 4);
@@ -291,7 +295,10 @@ test_device!(
                 .flat_map(|&r| x[r * per..(r + 1) * per].to_vec())
                 .collect();
             let yb: Vec<u32> = chunk.iter().map(|&r| y[r]).collect();
-            by_hand.optimizer_mut().unwrap().learning_rate = schedule(step as u64);
+            by_hand
+                .optimizer_mut()
+                .unwrap()
+                .set_learning_rate(schedule(step as u64));
             by_hand.train_batch(&xb, &yb).unwrap();
         }
         assert_eq!(weights(&hooked), weights(&by_hand));

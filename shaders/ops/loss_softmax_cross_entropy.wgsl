@@ -9,7 +9,8 @@
 // fixed order.
 
 @group(0) @binding(3) var<storage, read_write> row_losses: array<f32>;
-@group(0) @binding(4) var<uniform> params: Params;
+@group(0) @binding(4) var<storage, read> scale_state: array<u32>;
+@group(0) @binding(5) var<uniform> params: Params;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

@@ -2,12 +2,23 @@
 // loss_softmax_cross_entropy.wgsl): writes the row's dlogits and returns its
 // loss divided by N, with the index of its maximum (the first on ties, as
 // loss_correct.wgsl takes it). Both kernels it is prepended to bind logits,
-// labels and dlogits as here; each declares its own outputs after them and
-// `params` last.
+// labels and dlogits as here; each declares its own outputs after them, then
+// `scale_state` and `params` last. The gradient is multiplied by the loss
+// scale S (optim/scale.rs) where SCALED is 1: word 0 of `scale_state` as f32
+// bits, a power of two, so dlogits is exactly S times the unscaled gradient.
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read> labels: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dlogits: array<f32>;
+
+override SCALED: u32 = 0u;
+
+fn loss_scale() -> f32 {
+    if (SCALED == 0u) {
+        return 1.0;
+    }
+    return bitcast<f32>(scale_state[0]);
+}
 
 fn input_value(i: u32) -> f32 {
     return logits[i];
@@ -37,6 +48,7 @@ fn softmax_cross_entropy_row(row: u32) -> RowLoss {
     let on_target = (1.0 - s) + off_target;
     let norm = 1.0 / (1.0 + rest);
     let inv_rows = 1.0 / f32(params.rows);
+    let grad_scale = loss_scale();
     var weighted_gap = 0.0;
     for (var k = 0u; k < classes; k++) {
         let t = select(off_target, on_target, k == label);
@@ -48,7 +60,7 @@ fn softmax_cross_entropy_row(row: u32) -> RowLoss {
         } else {
             g = dlogits[base + k] * norm - t;
         }
-        dlogits[base + k] = g * inv_rows;
+        dlogits[base + k] = (g * inv_rows) * grad_scale;
     }
     let target_total = select(s, 1.0, label < classes);
     return RowLoss((weighted_gap + target_total * log1p_accurate(rest)) * inv_rows, top.index);

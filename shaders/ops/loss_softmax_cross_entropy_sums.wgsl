@@ -8,7 +8,8 @@
 
 @group(0) @binding(3) var<storage, read_write> loss: array<f32>;
 @group(0) @binding(4) var<storage, read_write> correct: array<u32>;
-@group(0) @binding(5) var<uniform> params: Params;
+@group(0) @binding(5) var<storage, read> scale_state: array<u32>;
+@group(0) @binding(6) var<uniform> params: Params;
 
 const ROWS: u32 = 256u;
 var<workgroup> losses: array<f32, ROWS>;

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use super::init::{dirac_leading_filters, he_normal};
-use super::{Layer, LayerSpec, Mode, Trainable, batched_dims, cached, hwc, state_size};
+use super::{Layer, LayerSpec, Mode, Param, batched_dims, cached, hwc, state_size};
 use crate::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, cast_f16_kept,
     conv_backward_cast_fp16, conv2d_forward,
@@ -277,25 +277,15 @@ impl Layer for Conv2d {
         conv2d_dinput_flipped(&dy, &kernel, flipped, dims, &params, &self.plans).map(Some)
     }
 
-    fn trainables(&mut self) -> Vec<Trainable<'_>> {
+    fn trainables(&mut self) -> Vec<Param<'_>> {
         let (Some(w), Some((dw, db))) = (self.weights.as_mut(), self.grads.as_ref()) else {
             return Vec::new();
         };
-        let mut trainables = vec![Trainable {
-            value: &mut w.kernel,
-            grad: dw,
-            l1: self.l1,
-            l2: self.l2,
-            decays: true,
-        }];
+        let mut trainables =
+            vec![Param::new("kernel", &mut w.kernel, dw).penalties(self.l1, self.l2)];
         if self.bias {
-            trainables.push(Trainable {
-                value: &mut w.bias,
-                grad: db,
-                l1: self.bias_l1,
-                l2: self.bias_l2,
-                decays: true,
-            });
+            trainables
+                .push(Param::new("bias", &mut w.bias, db).penalties(self.bias_l1, self.bias_l2));
         }
         trainables
     }
@@ -494,6 +484,11 @@ impl Layer for Dense {
         Self::as_rows(&self.conv.forward(&Self::as_image(x)?, mode)?)
     }
 
+    /// The conv's backward casts the gradient to f16, as a conv's does.
+    fn rounds_output_grad_to_f16(&self, device: &Device) -> bool {
+        self.conv.rounds_output_grad_to_f16(device)
+    }
+
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         let dy = dy.reshape(batched_dims(dy.dims()[0], &[1, 1, self.units()]))?;
         self.conv
@@ -502,7 +497,7 @@ impl Layer for Dense {
             .transpose()
     }
 
-    fn trainables(&mut self) -> Vec<Trainable<'_>> {
+    fn trainables(&mut self) -> Vec<Param<'_>> {
         self.conv.trainables()
     }
 

@@ -38,14 +38,8 @@ pub enum Mode {
     Infer,
 }
 
-/// A trainable tensor and its gradient, for the optimizer.
-pub struct Trainable<'a> {
-    pub value: &'a mut Tensor,
-    pub grad: &'a Tensor,
-    pub l1: f32,
-    pub l2: f32,
-    pub decays: bool,
-}
+/// A trainable tensor and its gradient, as a layer hands it to the optimizer.
+pub use crate::optim::Param;
 
 /// The architecture of one layer: what `save` writes and `load` rebuilds from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -325,7 +319,7 @@ pub trait Layer: Send {
     }
 
     /// Parameters with the gradients of the last `backward`.
-    fn trainables(&mut self) -> Vec<Trainable<'_>> {
+    fn trainables(&mut self) -> Vec<Param<'_>> {
         Vec::new()
     }
 
@@ -359,7 +353,7 @@ pub trait Layer: Send {
     fn params_updated(&mut self) {}
 
     /// Called after the optimizer's step with its gate
-    /// ([`crate::optim::Adam::gate`]; `None` where it took no step): a layer
+    /// ([`crate::optim::Optimizer::gate`]; `None` where it took no step): a layer
     /// whose lasting state moved in the training forward (BatchNorm's running
     /// statistics) keeps the move only where the gate is open, so a step
     /// with a non-finite loss or gradient changes nothing.

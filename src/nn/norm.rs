@@ -1,7 +1,7 @@
 //! BatchNorm over the channel axis, with running statistics for inference.
 //! Its parameters are excluded from weight decay.
 
-use super::{Layer, LayerSpec, Mode, Trainable, cached, state_size};
+use super::{Layer, LayerSpec, Mode, Param, cached, state_size};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::batchnorm::{
@@ -240,27 +240,15 @@ impl Layer for BatchNorm {
         self.input_grad == DType::F16
     }
 
-    fn trainables(&mut self) -> Vec<Trainable<'_>> {
+    fn trainables(&mut self) -> Vec<Param<'_>> {
         let (Some(s), Some((dg, db))) = (self.state.as_mut(), self.grads.as_ref()) else {
             return Vec::new();
         };
-        let beta = Trainable {
-            value: &mut s.beta,
-            grad: db,
-            l1: 0.0,
-            l2: 0.0,
-            decays: false,
-        };
+        let beta = Param::new("beta", &mut s.beta, db).no_decay();
         if !self.scale {
             return vec![beta];
         }
-        let gamma = Trainable {
-            value: &mut s.gamma,
-            grad: dg,
-            l1: 0.0,
-            l2: 0.0,
-            decays: false,
-        };
+        let gamma = Param::new("gamma", &mut s.gamma, dg).no_decay();
         vec![gamma, beta]
     }
 

@@ -78,8 +78,8 @@ pub fn softmax(logits: &Tensor) -> Result<Tensor> {
         "loss_softmax",
         SOFTMAX,
         &[buffer(logits), buffer(&probs)],
-        rows,
-        classes,
+        false,
+        (rows, classes),
         0.0,
     )?;
     Ok(probs)
@@ -124,8 +124,8 @@ pub fn softmax_backward(probs: &Tensor, dprobs: &Tensor) -> Result<Tensor> {
         "loss_softmax_backward",
         SOFTMAX_BACKWARD,
         &[buffer(probs), buffer(dprobs), buffer(&dx)],
-        rows,
-        classes,
+        false,
+        (rows, classes),
         0.0,
     )?;
     Ok(dx)
@@ -142,6 +142,21 @@ pub fn softmax_cross_entropy(
     labels: &Tensor,
     label_smoothing: f32,
 ) -> Result<(Tensor, Tensor)> {
+    softmax_cross_entropy_scaled(logits, labels, label_smoothing, None)
+}
+
+/// [`softmax_cross_entropy`] with the gradient multiplied by a loss scale
+/// `S` (`dlogits = (softmax(x) - t) S / N`; the loss itself is not scaled):
+/// `scale` is a U32 tensor on the logits' device whose first word holds `S`
+/// as f32 bits (a [`crate::optim::LossScaler`]'s state), read where the
+/// kernel runs, so a scale the GPU moved needs no read back. `S` is a power
+/// of two, so the gradient is exactly `S` times the unscaled one.
+pub fn softmax_cross_entropy_scaled(
+    logits: &Tensor,
+    labels: &Tensor,
+    label_smoothing: f32,
+    scale: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
     let op = "softmax_cross_entropy";
     let (rows, classes) = matrix(op, logits)?;
     check_labels(op, logits, labels, rows)?;
@@ -150,12 +165,13 @@ pub fn softmax_cross_entropy(
         check_label_range(op, y, classes)?;
         let s = f64::from(label_smoothing);
         let inv_rows = 1.0 / rows as f64;
+        let grad_scale = host_scale(op, scale, logits)?;
         let mut dlogits = vec![0.0f32; x.len()];
         let row_losses: Vec<f64> = dlogits
             .par_chunks_mut(classes)
             .zip(x.par_chunks(classes).zip(y.par_iter()))
             .map(|(grad, (row, &label))| {
-                softmax_cross_entropy_row(row, label as usize, s, inv_rows, grad)
+                softmax_cross_entropy_row(row, label as usize, s, inv_rows, grad_scale, grad)
             })
             .collect();
         let loss = row_losses.iter().sum::<f64>() as f32;
@@ -165,6 +181,7 @@ pub fn softmax_cross_entropy(
             Tensor::from_f32(logits.dims().to_vec(), dlogits, &device)?,
         ));
     }
+    check_scale(op, scale, logits)?;
     let ctx = gpu_context(logits);
     let dlogits = Tensor::uninit_gpu(ctx, logits.shape().clone(), DType::F32)?;
     let row_losses = Tensor::uninit_gpu(ctx, Shape::new([rows])?, DType::F32)?;
@@ -177,9 +194,10 @@ pub fn softmax_cross_entropy(
             buffer(labels),
             buffer(&dlogits),
             buffer(&row_losses),
+            buffer(scale.unwrap_or(labels)),
         ],
-        rows,
-        classes,
+        scale.is_some(),
+        (rows, classes),
         label_smoothing,
     )?;
     Ok((sum_in_order(ctx, row_losses)?, dlogits))
@@ -194,21 +212,36 @@ pub fn softmax_cross_entropy_with_correct(
     labels: &Tensor,
     label_smoothing: f32,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    softmax_cross_entropy_with_correct_scaled(logits, labels, label_smoothing, None)
+}
+
+/// [`softmax_cross_entropy_with_correct`] with the gradient scaled as
+/// [`softmax_cross_entropy_scaled`] scales it.
+pub fn softmax_cross_entropy_with_correct_scaled(
+    logits: &Tensor,
+    labels: &Tensor,
+    label_smoothing: f32,
+    scale: Option<&Tensor>,
+) -> Result<(Tensor, Tensor, Tensor)> {
     let op = "softmax_cross_entropy_with_correct";
     let (rows, classes) = matrix(op, logits)?;
     check_labels(op, logits, labels, rows)?;
     check_smoothing(op, logits, label_smoothing)?;
     if logits.host_f32().is_some() || rows > SUM_WORKGROUP as usize {
-        let (loss, dlogits) = softmax_cross_entropy(logits, labels, label_smoothing)?;
+        let (loss, dlogits) = softmax_cross_entropy_scaled(logits, labels, label_smoothing, scale)?;
         return Ok((loss, correct_count(logits, labels)?, dlogits));
     }
+    check_scale(op, scale, logits)?;
     let ctx = gpu_context(logits);
     let dlogits = Tensor::uninit_gpu(ctx, logits.shape().clone(), DType::F32)?;
     let loss = Tensor::uninit_gpu(ctx, Shape::new([1])?, DType::F32)?;
     let correct = Tensor::uninit_gpu(ctx, Shape::new([1])?, DType::U32)?;
-    let pipeline = pipeline(ctx, "loss_softmax_cross_entropy_sums", || {
-        format!("{COMMON}\n{SOFTMAX_CROSS_ENTROPY_SUMS}")
-    })?;
+    let pipeline = pipeline(
+        ctx,
+        "loss_softmax_cross_entropy_sums",
+        scale.is_some(),
+        || format!("{COMMON}\n{SOFTMAX_CROSS_ENTROPY_SUMS}"),
+    )?;
     // One workgroup; `matrix` checked that rows * classes fits in u32.
     let params = [rows as u32, classes as u32, 0, label_smoothing.to_bits()];
     ctx.dispatch(
@@ -220,6 +253,7 @@ pub fn softmax_cross_entropy_with_correct(
             buffer(&dlogits),
             buffer(&loss),
             buffer(&correct),
+            buffer(scale.unwrap_or(labels)),
         ],
         bytemuck::cast_slice(&params),
         [1, 1, 1],
@@ -227,7 +261,7 @@ pub fn softmax_cross_entropy_with_correct(
     Ok((loss, correct, dlogits))
 }
 
-/// One row of [`softmax_cross_entropy`] in f64: writes `(p - t) / N` into `grad`
+/// One row of [`softmax_cross_entropy`] in f64: writes `(p - t) S / N` into `grad`
 /// and returns the row's loss divided by N. With `m` the maximum at index `a` and
 /// `rest = sum_{j != a} exp(x_j - m)`, the loss is `sum_k t_k (m - x_k) + log1p(rest)`
 /// and `p_a - t_a = (1 - t_a) - rest / (1 + rest)`: no cancellation, so a
@@ -237,6 +271,7 @@ fn softmax_cross_entropy_row(
     label: usize,
     smoothing: f64,
     inv_rows: f64,
+    grad_scale: f64,
     grad: &mut [f32],
 ) -> f64 {
     let classes = row.len();
@@ -265,7 +300,7 @@ fn softmax_cross_entropy_row(
         } else {
             e / (1.0 + rest) - t
         };
-        *g = (p_minus_t * inv_rows) as f32;
+        *g = (p_minus_t * inv_rows * grad_scale) as f32;
     }
     (weighted_gap + rest.ln_1p()) * inv_rows
 }
@@ -282,6 +317,17 @@ pub fn cross_entropy(
     labels: &Tensor,
     label_smoothing: f32,
 ) -> Result<(Tensor, Tensor)> {
+    cross_entropy_scaled(probs, labels, label_smoothing, None)
+}
+
+/// [`cross_entropy`] with the gradient scaled as [`softmax_cross_entropy_scaled`]
+/// scales it: `dprobs = -t / p S / N`.
+pub fn cross_entropy_scaled(
+    probs: &Tensor,
+    labels: &Tensor,
+    label_smoothing: f32,
+    scale: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
     let op = "cross_entropy";
     let (rows, classes) = matrix(op, probs)?;
     check_labels(op, probs, labels, rows)?;
@@ -292,6 +338,7 @@ pub fn cross_entropy(
         let off_target = s / classes as f64;
         let on_target = (1.0 - s) + off_target;
         let inv_rows = 1.0 / rows as f64;
+        let grad_scale = host_scale(op, scale, probs)?;
         let mut dprobs = vec![0.0f32; p.len()];
         let row_losses: Vec<f64> = dprobs
             .par_chunks_mut(classes)
@@ -306,7 +353,7 @@ pub fn cross_entropy(
                         off_target
                     };
                     loss -= t * p.ln();
-                    *g = (-(t / p) * inv_rows) as f32;
+                    *g = (-(t / p) * inv_rows * grad_scale) as f32;
                 }
                 loss * inv_rows
             })
@@ -318,6 +365,7 @@ pub fn cross_entropy(
             Tensor::from_f32(probs.dims().to_vec(), dprobs, &device)?,
         ));
     }
+    check_scale(op, scale, probs)?;
     let ctx = gpu_context(probs);
     let dprobs = Tensor::uninit_gpu(ctx, probs.shape().clone(), DType::F32)?;
     let row_losses = Tensor::uninit_gpu(ctx, Shape::new([rows])?, DType::F32)?;
@@ -330,9 +378,10 @@ pub fn cross_entropy(
             buffer(labels),
             buffer(&dprobs),
             buffer(&row_losses),
+            buffer(scale.unwrap_or(labels)),
         ],
-        rows,
-        classes,
+        scale.is_some(),
+        (rows, classes),
         label_smoothing,
     )?;
     Ok((sum_in_order(ctx, row_losses)?, dprobs))
@@ -363,8 +412,8 @@ pub fn correct_count(scores: &Tensor, labels: &Tensor) -> Result<Tensor> {
         "loss_correct",
         CORRECT,
         &[buffer(scores), buffer(labels), buffer(&hits)],
-        rows,
-        classes,
+        false,
+        (rows, classes),
         0.0,
     )?;
     sum_in_order(ctx, hits)
@@ -486,12 +535,38 @@ fn buffer(t: &Tensor) -> GpuSlice<'_> {
 fn pipeline(
     ctx: &GpuContext,
     kernel: &'static str,
+    scaled: bool,
     source: impl FnOnce() -> String,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
-    ctx.pipelines()
-        .require(&PipelineKey::new(kernel, "portable"), "main", || {
-            source().into()
-        })
+    // Only the loss kernels declare SCALED (default 0).
+    let mut key = PipelineKey::new(kernel, "portable");
+    if scaled {
+        key = key.with("SCALED", 1);
+    }
+    ctx.pipelines().require(&key, "main", || source().into())
+}
+
+/// `Ok` where `scale` (the loss scale's state: `S` as f32 bits in word 0)
+/// is a U32 tensor on `operand`'s device.
+fn check_scale(op: &'static str, scale: Option<&Tensor>, operand: &Tensor) -> Result<()> {
+    match scale {
+        Some(t) if t.dtype() != DType::U32 || t.numel() == 0 => Err(AetherError::InvalidShape {
+            op,
+            shape: t.dims().to_vec(),
+            reason: "the loss scale is a U32 tensor holding S as f32 bits first".into(),
+        }),
+        Some(t) => same_device(op, operand, t),
+        None => Ok(()),
+    }
+}
+
+/// The loss scale `S` on the CPU path (1 without one).
+fn host_scale(op: &'static str, scale: Option<&Tensor>, operand: &Tensor) -> Result<f64> {
+    check_scale(op, scale, operand)?;
+    Ok(match scale {
+        Some(t) => f64::from(f32::from_bits(t.to_vec_u32()?[0])),
+        None => 1.0,
+    })
 }
 
 /// Records a row kernel (one thread per row) over `rows` rows of `classes`.
@@ -500,11 +575,11 @@ fn dispatch_rows(
     kernel: &'static str,
     source: &'static str,
     buffers: &[GpuSlice<'_>],
-    rows: usize,
-    classes: usize,
+    scaled: bool,
+    (rows, classes): (usize, usize),
     smoothing: f32,
 ) -> Result<()> {
-    let pipeline = pipeline(ctx, kernel, || format!("{COMMON}\n{source}"))?;
+    let pipeline = pipeline(ctx, kernel, scaled, || format!("{COMMON}\n{source}"))?;
     let (grid, row_stride) = flat_grid(
         rows,
         ROWS_PER_WORKGROUP,
@@ -528,7 +603,9 @@ fn sum_in_order(ctx: &Arc<GpuContext>, values: Tensor) -> Result<Tensor> {
         DType::U32 => ("loss_sum_u32", "u32"),
         _ => ("loss_sum_f32", "f32"),
     };
-    let pipeline = pipeline(ctx, kernel, || format!("alias Elem = {element};\n{SUM}"))?;
+    let pipeline = pipeline(ctx, kernel, false, || {
+        format!("alias Elem = {element};\n{SUM}")
+    })?;
     let mut level = values;
     loop {
         let len = level.numel();

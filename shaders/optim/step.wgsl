@@ -1,4 +1,5 @@
-// The Adam step (adam_update.wgsl) over the packed parameters.
+// An optimizer's fused update (update_common.wgsl and the optimizer's
+// `update`) over the packed parameters.
 
 @group(0) @binding(6) var<uniform> step: Params;
 

@@ -1,8 +1,8 @@
-// The Adam step (adam_update.wgsl) that also writes each updated parameter as
-// f16 into a packed mirror, the operand of the f16 conv kernels, so no cast
-// runs before the next forward. The conversion is conv/f16_bits.wgsl's, so the
-// mirror has the bits `cast_f16` would give. (The source starts with
-// `enable f16;`.)
+// An optimizer's fused update (update_common.wgsl and the optimizer's
+// `update`) that also writes each updated parameter as f16 into a packed
+// mirror, the operand of the f16 conv kernels, so no cast runs before the next
+// forward. The conversion is conv/f16_bits.wgsl's, so the mirror has the bits
+// `cast_f16` would give. (The source starts with `enable f16;`.)
 
 @group(0) @binding(6) var<storage, read_write> params_f16: array<f16>;
 @group(0) @binding(7) var<uniform> step: Params;

@@ -1,0 +1,241 @@
+//! Parameter groups (learning-rate and weight-decay multipliers by layer
+//! kind or index, in the optimizer's segment table) and frozen layers, on
+//! every device: each parameter's update against `-lr * lr_scale * (g +
+//! wd * decay_scale * w)` computed from the step's own gradient.
+
+mod common;
+
+use aether::nn::{BatchNorm, Conv2d, Dense, Flatten, ReLU};
+use aether::optim::{ParamGroup, Sgd};
+use aether::{AetherError, Device, Loss, Metric, Model, Padding};
+use common::Rng;
+
+const LR: f32 = 0.05;
+const WD: f32 = 0.01;
+
+fn model(device: &Device) -> Model {
+    let mut model = Model::new().seed(9);
+    model.add(Conv2d::new(6, (3, 3), Padding::Same));
+    model.add(BatchNorm::new(0.9, 1e-5));
+    model.add(ReLU::default());
+    model.add(Flatten::default());
+    model.add(Dense::new(3));
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.0,
+        },
+        Sgd::new(LR).weight_decay(WD),
+        Metric::CategoricalAccuracy,
+    );
+    model.to(device).unwrap();
+    model.finalize(&[5, 5, 2]).unwrap();
+    model
+}
+
+fn values(model: &Model) -> Vec<(String, Vec<f32>)> {
+    model
+        .tensors()
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| (n, t.to_vec_f32().unwrap()))
+        .collect()
+}
+
+/// One step's change of every parameter against plain SGD's with the
+/// multipliers `scales(name) = (lr_scale, decay_scale)`, within 1e-5
+/// norm-relative per tensor.
+fn check_step(model: &mut Model, x: &[f32], y: &[u32], scales: impl Fn(&str) -> (f32, f32)) {
+    let grads = model.gradients(x, y).unwrap();
+    let before = values(model);
+    model.train_batch(x, y).unwrap();
+    model.check_steps().unwrap();
+    let after = values(model);
+    for (name, g) in &grads.tensors {
+        let (lr_scale, decay) = scales(name);
+        let w0 = &before.iter().find(|(n, _)| n == name).unwrap().1;
+        let w1 = &after.iter().find(|(n, _)| n == name).unwrap().1;
+        let (mut diff, mut norm) = (0.0f64, 0.0f64);
+        for ((&g, &a), &b) in g.iter().zip(w0).zip(w1) {
+            let want =
+                -f64::from(LR * lr_scale) * (f64::from(g) + f64::from(WD * decay) * f64::from(a));
+            diff += (f64::from(b) - f64::from(a) - want).powi(2);
+            norm += want * want;
+        }
+        let err = (diff / norm.max(1e-30)).sqrt();
+        assert!(err < 1e-5, "{name}: update off by {err:e}");
+    }
+}
+
+test_device!(
+    groups_set_each_parameters_lr_and_decay,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let x = rng.vec(4 * 5 * 5 * 2);
+        let y = vec![0, 2, 1, 2];
+        let mut model = model(device);
+        // Defaults: every parameter at the base rate, BatchNorm's undecayed.
+        check_step(&mut model, &x, &y, |name| {
+            (
+                1.0,
+                if name.starts_with("layers.1.") {
+                    0.0
+                } else {
+                    1.0
+                },
+            )
+        });
+        // airbench's BatchNorm biases, and the dense layer named by index; the
+        // segment table is uploaded again since the multipliers changed.
+        model
+            .set_param_groups(vec![
+                ParamGroup::kind("BatchNorm", Some("beta"))
+                    .lr_scale(64.0)
+                    .decay_scale(1.0 / 64.0),
+                ParamGroup::layer(4, None).lr_scale(0.5).decay_scale(0.0),
+                ParamGroup::kind("Conv2d", Some("bias")).lr_scale(2.0),
+            ])
+            .unwrap();
+        check_step(&mut model, &x, &y, |name| match name {
+            "layers.1.beta" => (64.0, 1.0 / 64.0),
+            "layers.1.gamma" => (1.0, 0.0),
+            "layers.0.bias" => (2.0, 1.0),
+            n if n.starts_with("layers.4.") => (0.5, 0.0),
+            _ => (1.0, 1.0),
+        });
+    }
+);
+
+test_device!(a_frozen_layer_keeps_its_parameters, |device: &Device| {
+    let mut rng = Rng::fresh();
+    let x = rng.vec(4 * 5 * 5 * 2);
+    let y = vec![1, 0, 2, 1];
+    let mut model = model(device);
+    model.train_batch(&x, &y).unwrap();
+    model.set_trainable(0, false).unwrap();
+    assert!(!model.is_trainable(0) && model.is_trainable(1));
+    // A group over a kind passes the frozen layer over.
+    model
+        .set_param_groups(vec![ParamGroup::kind("Conv2d", None).lr_scale(3.0)])
+        .unwrap();
+    let before = values(&model);
+    for _ in 0..2 {
+        model.train_batch(&x, &y).unwrap();
+    }
+    model.check_steps().unwrap();
+    let after = values(&model);
+    for ((name, a), (_, b)) in before.iter().zip(&after) {
+        let frozen = name.starts_with("layers.0.");
+        let trained = name.contains("kernel") || name.contains("bias") || name.contains("beta");
+        if frozen {
+            assert_eq!(a, b, "{name} is frozen");
+        } else if trained {
+            assert_ne!(a, b, "{name} trains");
+        }
+    }
+    // Unfrozen, it trains again (a fresh optimizer state).
+    model.set_trainable(0, true).unwrap();
+    model.train_batch(&x, &y).unwrap();
+    assert_ne!(values(&model)[0], after[0]);
+});
+
+#[test]
+fn a_group_naming_a_frozen_layer_is_an_error_naming_it() {
+    let mut model = model(&Device::Cpu);
+    model.set_trainable(4, false).unwrap();
+    let err = model
+        .set_param_groups(vec![
+            ParamGroup::kind("BatchNorm", None).lr_scale(2.0),
+            ParamGroup::layer(4, Some("bias")).lr_scale(2.0),
+        ])
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(&err, AetherError::FrozenParameter { group: 1, param } if param.starts_with("layers.4.bias")),
+        "{err}"
+    );
+    // The other order: the groups first, then the freeze.
+    let mut model = self::model(&Device::Cpu);
+    model
+        .set_param_groups(vec![ParamGroup::layer(1, None).lr_scale(2.0)])
+        .unwrap();
+    let err = model.set_trainable(1, false).err().expect("refused");
+    assert!(
+        matches!(&err, AetherError::FrozenParameter { group: 0, param } if param.starts_with("layers.1.gamma")),
+        "{err}"
+    );
+    assert!(model.is_trainable(1), "the refused freeze changed nothing");
+    assert!(model.set_trainable(9, false).is_err(), "no layer 9");
+    for bad in [f32::NAN, -1.0, f32::INFINITY] {
+        let err = model
+            .set_param_groups(vec![ParamGroup::kind("Dense", None).lr_scale(bad)])
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(err, AetherError::InvalidHyperparameter { .. }),
+            "{err}"
+        );
+        let err = model
+            .set_param_groups(vec![ParamGroup::kind("Dense", None).decay_scale(bad)])
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("decay_scale"), "{err}");
+    }
+}
+
+// AdamW's first step under groups, as PyTorch's AdamW takes a group's lr:
+// `p -= lr * lr_scale * wd * decay_scale * p`, then
+// `p -= lr_t * lr_scale * m / (sqrt(v) + eps)` with `m = 0.1 g`,
+// `v = 0.001 g^2` and `lr_t = lr * sqrt(0.001) / 0.1`; within 1e-5
+// norm-relative per tensor.
+test_device!(
+    adamw_groups_scale_the_decay_with_the_rate,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let x = rng.vec(4 * 5 * 5 * 2);
+        let y = vec![2, 0, 1, 1];
+        let mut model = model(device);
+        model.configure(
+            Loss::SoftmaxCrossEntropy {
+                label_smoothing: 0.0,
+            },
+            aether::optim::Adam::adamw(LR, WD),
+            Metric::CategoricalAccuracy,
+        );
+        model
+            .set_param_groups(vec![
+                ParamGroup::kind("BatchNorm", Some("beta"))
+                    .lr_scale(4.0)
+                    .decay_scale(0.5),
+                ParamGroup::kind("Dense", Some("kernel")).lr_scale(0.25),
+            ])
+            .unwrap();
+        let grads = model.gradients(&x, &y).unwrap();
+        let before = values(&model);
+        model.train_batch(&x, &y).unwrap();
+        model.check_steps().unwrap();
+        let after = values(&model);
+        let (lr, wd) = (f64::from(LR), f64::from(WD));
+        let lr_t = lr * (1.0f64 - 0.999).sqrt() / (1.0 - 0.9);
+        for (name, g) in &grads.tensors {
+            let (s, d) = match name.as_str() {
+                "layers.1.beta" => (4.0, 0.5),
+                "layers.1.gamma" => (1.0, 0.0),
+                "layers.4.kernel" => (0.25, 1.0),
+                _ => (1.0, 1.0),
+            };
+            let w0 = &before.iter().find(|(n, _)| n == name).unwrap().1;
+            let w1 = &after.iter().find(|(n, _)| n == name).unwrap().1;
+            let (mut diff, mut norm) = (0.0f64, 0.0f64);
+            for ((&g, &a), &b) in g.iter().zip(w0).zip(w1) {
+                let (g, a) = (f64::from(g), f64::from(a));
+                let (m, v) = (0.1 * g, 0.001 * g * g);
+                let decayed = a - lr * s * wd * d * a;
+                let want = decayed - lr_t * s * m / (v.sqrt() + 1e-7) - a;
+                diff += (f64::from(b) - a - want).powi(2);
+                norm += want * want;
+            }
+            let err = (diff / norm.max(1e-30)).sqrt();
+            assert!(err < 1e-5, "{name}: update off by {err:e}");
+        }
+    }
+);
