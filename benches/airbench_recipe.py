@@ -35,13 +35,30 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.numpy import load_file
 
 from pytorch_models import airbench94
 
 BATCH = 1024
 LR, MOMENTUM, WEIGHT_DECAY, BIAS_SCALER = 11.5, 0.85, 0.0153, 64.0
 LABEL_SMOOTHING, WHITEN_BIAS_EPOCHS, TRANSLATE = 0.2, 3, 2
+
+
+def load_file(path):
+    """A safetensors file of f32 tensors as numpy arrays (read here, so the
+    device machine needs no `safetensors` package)."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + size])
+    body = raw[8 + size:]
+    arrays = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", f"{name}: {info['dtype']}"
+        start, end = info["data_offsets"]
+        arrays[name] = np.frombuffer(body[start:end], dtype=np.float32).reshape(info["shape"]).copy()
+    return arrays
 
 
 def whiten(conv, images, eps=5e-4):
