@@ -361,6 +361,9 @@ pub struct Model {
     f16_outputs: Vec<bool>,
     /// Per layer: its input gradient returned as f16.
     f16_input_grads: Vec<bool>,
+    /// The (batch size, input type, training) steps whose convs were planned
+    /// ahead ([`Model::plan_convs_ahead`]).
+    convs_planned: Vec<(usize, DType, bool)>,
     seed: u64,
     step: u64,
     /// Epochs [`Model::train`] has completed: each epoch's shuffle follows
@@ -507,6 +510,7 @@ impl Model {
             f16_activations: true,
             f16_outputs: Vec::new(),
             f16_input_grads: Vec::new(),
+            convs_planned: Vec::new(),
             seed: 0,
             step: 0,
             epochs_done: 0,
@@ -1066,6 +1070,7 @@ impl Model {
     /// Runs every layer in order; each output is dropped once its last
     /// reader has run, so its buffer returns to the pool.
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+        self.plan_convs_ahead(x, matches!(mode, Mode::Train { .. }));
         let n = self.layers.len();
         let mut values: Vec<Option<Tensor>> = vec![None; n];
         for i in 0..n {
@@ -1099,6 +1104,65 @@ impl Model {
                 .ok_or_else(|| model_err("the output layer ran no forward")),
             _ => Ok(x.clone()),
         }
+    }
+
+    /// Plans every conv kernel that a step on batches of `batch_size` runs,
+    /// spread over all cores at once: each plan compiles its pipelines, which
+    /// a first step would otherwise compile one after another as it records
+    /// (ResNet-18's first step on an H100 spent about 4 s there). `train`
+    /// plans the backward's kernels too. Training and prediction do this on
+    /// their own the first time a batch size comes; call it to take that time
+    /// where it suits the app (while it loads, say). Nothing on the CPU path.
+    pub fn plan_convs(&mut self, batch_size: usize, train: bool) -> Result<()> {
+        self.plan_convs_for(batch_size, self.input_dtype(), train)
+    }
+
+    /// [`Model::plan_convs`] for a step on `x`, the first time a batch of its
+    /// size and type comes. An error is left for the step, which meets the
+    /// same plan and reports it with its layer.
+    fn plan_convs_ahead(&mut self, x: &Tensor, train: bool) {
+        if let Some(&batch) = x.dims().first() {
+            let _ = self.plan_convs_for(batch, x.dtype(), train);
+        }
+    }
+
+    fn plan_convs_for(&mut self, batch: usize, input_dtype: DType, train: bool) -> Result<()> {
+        let Some(ctx) = self.device.gpu_context().cloned() else {
+            return Ok(());
+        };
+        let input_shape = self.input_shape()?.to_vec();
+        let key = (batch, input_dtype, train);
+        if self.convs_planned.contains(&key) {
+            return Ok(());
+        }
+        let work: Vec<_> = (0..self.layers.len())
+            .filter(|&i| !self.is_folded(i))
+            .filter_map(|i| {
+                let (input, dtype, input_grad) = match self.sources(i).as_slice() {
+                    [NodeId::Input] => (input_shape.as_slice(), input_dtype, false),
+                    &[NodeId::Layer(j)] => {
+                        let dtype = if self.f16_outputs.get(j) == Some(&true) {
+                            DType::F16
+                        } else {
+                            DType::F32
+                        };
+                        (self.output_shapes.get(j)?.as_slice(), dtype, true)
+                    }
+                    _ => return None,
+                };
+                let step = crate::nn::StepKind {
+                    batch,
+                    input: dtype,
+                    train,
+                    input_grad,
+                };
+                self.layers[i].conv_work(input, &step)
+            })
+            .collect();
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        crate::conv::prepare_convs(&ctx, &work, threads)?;
+        self.convs_planned.push(key);
+        Ok(())
     }
 
     /// Runs every layer's backward in reverse order from `grad`, the loss's

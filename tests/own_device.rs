@@ -93,13 +93,13 @@ fn each_required_limit_one_below_is_refused_naming_it_without_a_gpu() {
     };
     for required in REQUIRED_LIMITS {
         let (adapter, device, queue) =
-            common::noop_device(wgpu::Features::empty(), least(&required));
+            common::noop::noop_device(wgpu::Features::empty(), least(&required));
         let options = GpuOptions::default();
         GpuContext::from_wgpu(&adapter, &device, &queue, &options)
             .unwrap_or_else(|e| panic!("{} at its least: {e}", required.name));
         let mut below = least(&required);
         *required.field_mut(&mut below) -= 1;
-        let (adapter, device, queue) = common::noop_device(wgpu::Features::empty(), below);
+        let (adapter, device, queue) = common::noop::noop_device(wgpu::Features::empty(), below);
         let err = GpuContext::from_wgpu(&adapter, &device, &queue, &options).unwrap_err();
         let want = (required.least - 1).to_string();
         assert!(

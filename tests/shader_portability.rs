@@ -30,7 +30,7 @@ use aether::conv::{
     conv2d_dweight, conv2d_forward, dinput_flipped_filter,
 };
 use aether::gpu::{
-    BuiltShader, CoopMatrixConfig, GpuCapabilities, GpuContext, GpuOptions, REQUIRED_LIMITS,
+    BuiltShader, CoopMatrixConfig, GpuCapabilities, GpuContext, REQUIRED_LIMITS,
     coop_translates_to, with_required_limits,
 };
 use aether::model::{Loss, Metric};
@@ -44,51 +44,9 @@ use aether::optim::Adam;
 use aether::{Device, Model, Tensor};
 use common::Rng;
 use common::conv_cases::cases;
+use common::noop::{all_features, full_limits, least_limits, noop_context};
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-
-/// The features aether uses, all of them on the full device.
-fn all_features() -> wgpu::Features {
-    wgpu::Features::SHADER_F16
-        | wgpu::Features::SUBGROUP
-        | wgpu::Features::IMMEDIATES
-        | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
-}
-
-/// An H100's compute limits, as far as aether's planners read them.
-fn full_limits() -> wgpu::Limits {
-    wgpu::Limits {
-        max_compute_workgroup_storage_size: 48 << 10,
-        max_compute_invocations_per_workgroup: 1024,
-        max_compute_workgroup_size_x: 1024,
-        max_compute_workgroup_size_y: 1024,
-        max_storage_buffer_binding_size: 1 << 31,
-        max_buffer_size: 1 << 31,
-        max_immediate_size: 128,
-        ..with_required_limits(wgpu::Limits::default())
-    }
-}
-
-/// The least limits aether accepts: a downlevel device raised to each
-/// [`REQUIRED_LIMITS`] entry.
-fn least_limits() -> wgpu::Limits {
-    let mut limits = wgpu::Limits::downlevel_defaults();
-    for required in REQUIRED_LIMITS {
-        *required.field_mut(&mut limits) = required.least;
-    }
-    limits
-}
-
-/// A context on wgpu's noop backend with `features` and `limits`, keeping
-/// every module it builds.
-fn noop_context(features: wgpu::Features, limits: wgpu::Limits) -> Arc<GpuContext> {
-    let (adapter, device, queue) = common::noop_device(features, limits);
-    let options = GpuOptions {
-        record_shaders: true,
-        ..GpuOptions::default()
-    };
-    GpuContext::from_wgpu(&adapter, &device, &queue, &options).expect("aether accepts it")
-}
 
 fn tensor(dims: &[usize], rng: &mut Rng, device: &Device) -> Tensor {
     let len = dims.iter().product();

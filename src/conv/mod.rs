@@ -6,6 +6,8 @@
 //!   how a kernel's shader is put together around them;
 //! - `forward`, `dweight`, `dinput`: each direction's kernels, with the halo
 //!   kernel for stride-1 convs in `halo.rs` beside them;
+//! - `prepare`: every conv's plans made at once, on all cores, before a
+//!   network's first step;
 //! - `cast`: the fp16 casts; `cpu`: the CPU path's im2col; `operands`: checks
 //!   of the tensors the kernels take.
 //!
@@ -24,6 +26,7 @@ pub mod gemm;
 mod operands;
 #[doc(hidden)]
 pub mod plan;
+mod prepare;
 #[doc(hidden)]
 pub mod shape;
 pub mod tuning;
@@ -38,5 +41,6 @@ pub use forward::halo::HaloBlock;
 #[doc(hidden)]
 pub use gemm::coop::CoopBlock;
 pub use plan::{ConvDirection, ConvLaunchPlan, ConvPlans, ConvVariant, PlannedLaunch};
+pub use prepare::{ConvWork, prepare_convs};
 pub use shape::{ConvParams, ConvShapeMeta, Padding};
 pub use tuning::ConvTuning;

@@ -36,13 +36,14 @@ pub(crate) fn gpu_operand(op: &'static str, t: &Tensor, variant: ConvVariant) ->
     }
 }
 
-/// Declines `variant` for an operand it cannot take: an f16 tensor (a layer's
-/// f16 weight shadow) only feeds the f16 variants.
-pub(crate) fn accepts_operand(variant: ConvVariant, t: &Tensor) -> Result<()> {
-    if t.dtype() == DType::F16 && !variant.f16_operands() {
+/// Declines `variant` for an operand of type `dtype` (shape `dims`) it cannot
+/// take: an f16 operand (a layer's f16 weight shadow) only feeds the f16
+/// variants. Types, not tensors: plans are made ahead of a step too.
+pub(crate) fn accepts_dtype(variant: ConvVariant, dtype: DType, dims: &[usize]) -> Result<()> {
+    if dtype == DType::F16 && !variant.f16_operands() {
         return Err(AetherError::InvalidShape {
             op: "conv operand",
-            shape: t.dims().to_vec(),
+            shape: dims.to_vec(),
             reason: format!("variant {} needs F32 operands, got F16", variant.name()),
         });
     }

@@ -8,9 +8,9 @@
 use std::sync::Arc;
 
 use super::init::{dirac_leading_filters, he_normal};
-use super::{Layer, LayerSpec, Mode, Param, batched_dims, cached, hwc, state_size};
+use super::{Layer, LayerSpec, Mode, Param, StepKind, batched_dims, cached, hwc, state_size};
 use crate::conv::{
-    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, Padding, cast_f16, cast_f16_kept,
+    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, ConvWork, Padding, cast_f16, cast_f16_kept,
     conv_backward_cast_fp16, conv2d_forward,
     dinput::{conv2d_dinput_flipped, flipped_filter_target},
     dweight::conv2d_dweight_into,
@@ -398,6 +398,27 @@ impl Layer for Conv2d {
     fn conv_plans(&self) -> Option<&ConvPlans> {
         Some(&self.plans)
     }
+
+    fn conv_work(&self, input: &[usize], step: &StepKind) -> Option<ConvWork<'_>> {
+        let w = self.weights.as_ref()?;
+        let ctx = w.kernel.gpu_context()?;
+        let [h, width, c] = hwc("Conv2d", input).ok()?;
+        let meta = ConvShapeMeta::new([step.batch, h, width, c], &w.params).ok()?;
+        // As `kernel_operand` and `backward` pass them: f16 on the f16 variants.
+        let operands = if f16_kernels_first(Some(ctx)) {
+            DType::F16
+        } else {
+            DType::F32
+        };
+        Some(ConvWork {
+            plans: &self.plans,
+            meta,
+            input: step.input,
+            weights: operands,
+            backward: step.train.then_some(operands),
+            input_grad: step.input_grad,
+        })
+    }
 }
 
 /// A fully connected layer `[N, in] -> [N, units]`, run as a 1x1 convolution
@@ -515,6 +536,10 @@ impl Layer for Dense {
 
     fn conv_plans(&self) -> Option<&ConvPlans> {
         self.conv.conv_plans()
+    }
+
+    fn conv_work(&self, input: &[usize], step: &StepKind) -> Option<ConvWork<'_>> {
+        self.conv.conv_work(&Self::as_pixel(input).ok()?, step)
     }
 
     fn params_updated(&mut self) {

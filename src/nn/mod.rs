@@ -22,10 +22,10 @@ pub use reshape::Flatten;
 
 use serde::{Deserialize, Serialize};
 
-use crate::conv::{ConvPlans, Padding};
+use crate::conv::{ConvPlans, ConvWork, Padding};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 
 /// Whether a forward pass trains (batch statistics, dropout) or infers.
 #[derive(Clone, Copy, Debug)]
@@ -386,6 +386,29 @@ pub trait Layer: Send {
     fn conv_plans(&self) -> Option<&ConvPlans> {
         None
     }
+
+    /// What a step of `batch` samples of per-sample `input` asks of the conv
+    /// kernels, for a layer that runs on them (its forward input coming as
+    /// `step.input`), so the model can plan every conv ahead on all cores
+    /// ([`crate::conv::prepare_convs`]). `None` for other layers, and where
+    /// the layer cannot say (the step then reports why).
+    fn conv_work(&self, _input: &[usize], _step: &StepKind) -> Option<ConvWork<'_>> {
+        None
+    }
+}
+
+/// How a layer's inputs arrive in the step the model plans ahead for
+/// ([`Layer::conv_work`]).
+#[derive(Clone, Copy, Debug)]
+pub struct StepKind {
+    /// Samples in the batch.
+    pub batch: usize,
+    /// The type the layer's input comes in.
+    pub input: DType,
+    /// Whether the step trains (runs the backward).
+    pub train: bool,
+    /// Whether the backward asks for the layer's input gradient.
+    pub input_grad: bool,
 }
 
 /// The tensor a backward pass needs from its forward pass, or a clear error.

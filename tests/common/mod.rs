@@ -8,6 +8,7 @@
 
 pub mod conv_cases;
 pub mod conv_reference;
+pub mod noop;
 
 use std::io::Write;
 use std::sync::OnceLock;
@@ -85,38 +86,6 @@ pub fn gpu() -> Option<Device> {
         skip("no GPU adapter");
     }
     device.clone()
-}
-
-/// A device on wgpu's noop backend (no GPU; nothing executes) whose adapter
-/// reports `features`, `limits` and subgroups of 32, requested with all of
-/// them: aether's code runs there as on a GPU, without results.
-pub fn noop_device(
-    features: wgpu::Features,
-    limits: wgpu::Limits,
-) -> (wgpu::Adapter, wgpu::Device, wgpu::Queue) {
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
-    desc.backends = wgpu::Backends::NOOP;
-    desc.backend_options.noop = wgpu::NoopBackendOptions {
-        enable: true,
-        limits: Some(limits.clone()),
-        features: Some(features),
-        device_type: Some(wgpu::DeviceType::Other),
-        subgroup_min_size: Some(32),
-        subgroup_max_size: Some(32),
-    };
-    let instance = wgpu::Instance::new(desc);
-    let adapter = pollster::block_on(instance.request_adapter(&Default::default()))
-        .expect("the noop adapter");
-    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-        label: Some("noop"),
-        required_features: features,
-        required_limits: limits,
-        // SAFETY: nothing executes on the noop backend.
-        experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
-        ..Default::default()
-    }))
-    .expect("a noop device");
-    (adapter, device, queue)
 }
 
 /// Prints a visible skip line for the current test.

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use crate::conv::cpu::{Mat, col2im_add_image, gemm, rows_per_image};
 use crate::conv::gemm::{ConvKernel, DirectC, GEMM_RUN, GemmRuns};
 use crate::conv::operands::{
-    accepts_operand, buf, expect_dims, gpu_operand, host_values, same_device,
+    accepts_dtype, buf, expect_dims, gpu_operand, host_values, same_device,
 };
 use crate::conv::plan::{ConvDirection, ConvLaunchPlan, ConvPlans, plan_first};
 use crate::conv::shape::{ConvParams, ConvShapeMeta};
@@ -80,19 +80,20 @@ pub(crate) fn flipped_filter_target(
     Tensor::uninit_gpu(ctx, Shape::new(dims)?, DType::F16).map(Some)
 }
 
-/// dinput's plan for `meta`, made on first use.
-fn plan(
-    ctx: &Arc<GpuContext>,
-    meta: &ConvShapeMeta,
-    w: &Tensor,
+/// dinput's plan for `meta` with weights of type `w`, made (and its pipelines
+/// compiled) on first use.
+pub(crate) fn plan_dinput(
+    ctx: &GpuContext,
     plans: &ConvPlans,
+    meta: &ConvShapeMeta,
+    w: DType,
 ) -> Result<ConvLaunchPlan> {
     plans.get_or_plan(ctx, ConvDirection::DInput, meta, || {
         // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
         let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
         let classes = meta.stride_h * meta.stride_w;
         let gemm = plan_first(ctx, plans, &KERNEL, meta, &[], |variant| {
-            accepts_operand(variant, w)?;
+            accepts_dtype(variant, w, &meta.weight_dims())?;
             ConvLaunchPlan::gemm(
                 ConvDirection::DInput,
                 ctx,
@@ -113,7 +114,7 @@ fn halo_plan(
     w: &Tensor,
     plans: &ConvPlans,
 ) -> Result<Option<ConvLaunchPlan>> {
-    let plan = plan(ctx, meta, w, plans)?;
+    let plan = plan_dinput(ctx, plans, meta, w.dtype())?;
     Ok(plan.halo.is_some().then_some(plan))
 }
 
@@ -162,7 +163,7 @@ pub fn conv2d_dinput_flipped(
         let dx = dinput_cpu(&meta, &host_values(dy)?, &host_values(w)?);
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     };
-    let plan = plan(ctx, &meta, w, plans)?;
+    let plan = plan_dinput(ctx, plans, &meta, w.dtype())?;
     let dy_op = gpu_operand("conv2d_dinput dvalues", dy, plan.variant)?;
     let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims)?, DType::F32)?;

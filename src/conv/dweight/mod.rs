@@ -14,13 +14,14 @@ use crate::conv::cpu::{Mat, gemm, im2col_image, rows_per_image};
 use crate::conv::dinput::halo::{FLIP_PAIR, flipped_dims};
 use crate::conv::gemm::{ConvKernel, GEMM_RUN, GemmRuns, IM2COL};
 use crate::conv::operands::{
-    accepts_operand, buf, expect_dims, gpu_operand, host_values, same_device,
+    accepts_dtype, buf, expect_dims, gpu_operand, host_values, same_device,
 };
 use crate::conv::plan::{ConvDirection, ConvLaunchPlan, ConvPlans, check_gemm_loops, plan_first};
 use crate::conv::shape::{ConvParams, ConvShapeMeta};
 use crate::conv::tuning::ConvTuning;
 use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
+use crate::gpu::GpuContext;
 use crate::gpu::flat_grid;
 use crate::tensor::{DType, Shape, Tensor};
 use halo::DWeightHalo;
@@ -144,57 +145,7 @@ pub(crate) fn conv2d_dweight_into(
             false,
         ));
     };
-    let plan = plans.get_or_plan(ctx, ConvDirection::DWeight, &meta, || {
-        plan_first(ctx, plans, &KERNEL, &meta, &[], |variant| {
-            accepts_operand(variant, x)?;
-            accepts_operand(variant, dy)?;
-            let rows = meta.k + 1;
-            let mut plan = ConvLaunchPlan::gemm(
-                ConvDirection::DWeight,
-                ctx,
-                variant,
-                [rows, meta.c_out, 1],
-                (&KERNEL, &meta),
-            )?;
-            let reduction_tiles = meta.m.div_ceil(plan.tile_k as usize) as u32;
-            let mut split = split_k(
-                plan.workgroups[0] * plan.workgroups[1],
-                reduction_tiles,
-                ctx.caps().estimated_compute_units(),
-                ctx.conv_tuning(),
-            );
-            // The partial sums must fit one storage binding.
-            let slice_bytes = (rows * meta.c_out * 4) as u64;
-            let max_split =
-                (ctx.caps().limits.max_storage_buffer_binding_size / slice_bytes).max(1);
-            split = split.min(max_split as u32);
-            // Where the driver cuts loops short (lavapipe), enough slices
-            // that each invocation's share of the reduction stays under it.
-            if let Some(limit) = ctx.caps().loop_iteration_limit()
-                && plan.coop.is_none()
-            {
-                let turns = rows
-                    .div_ceil(plan.tile_m as usize)
-                    .div_ceil(plan.workgroups[0].max(1) as usize);
-                let per_slice = (limit as usize / 2 / turns.max(1)).max(1);
-                let needed = (reduction_tiles as usize).div_ceil(per_slice) as u32;
-                split = split.max(needed.min(max_split as u32));
-                let tiles = (reduction_tiles as usize).div_ceil(split as usize);
-                check_gemm_loops(ctx, ConvDirection::DWeight, turns, tiles)?;
-            }
-            plan.workgroups[2] = split;
-            plan.split_k = split;
-            // The halo kernel where it fits and compiles; should it fail to
-            // compile (the pipeline cache has warned), the coop GEMM core.
-            let halo = plan.with_dweight_halo(&meta, ctx.caps(), ctx.conv_tuning());
-            let compiles = || KERNEL.pipeline(ctx, &halo, &meta).is_some();
-            Ok(if halo != plan && compiles() {
-                halo
-            } else {
-                plan
-            })
-        })
-    })?;
+    let plan = plan_dweight(ctx, plans, &meta, x.dtype(), dy.dtype())?;
     let pipeline = KERNEL
         .pipeline(ctx, &plan, &meta)
         .expect("planned variant compiled");
@@ -271,6 +222,86 @@ pub(crate) fn conv2d_dweight_into(
         grid,
     )?;
     Ok((dw, db, flip.is_some()))
+}
+
+/// dweight's plan for `meta` with operands of these types, made (and its
+/// pipeline compiled) on first use: the split of the reduction over
+/// workgroups, and the halo kernel where it fits and compiles.
+pub(crate) fn plan_dweight(
+    ctx: &GpuContext,
+    plans: &ConvPlans,
+    meta: &ConvShapeMeta,
+    x: DType,
+    dy: DType,
+) -> Result<ConvLaunchPlan> {
+    plans.get_or_plan(ctx, ConvDirection::DWeight, meta, || {
+        plan_first(ctx, plans, &KERNEL, meta, &[], |variant| {
+            accepts_dtype(variant, x, &meta.input_dims())?;
+            accepts_dtype(variant, dy, &meta.output_dims())?;
+            let rows = meta.k + 1;
+            let mut plan = ConvLaunchPlan::gemm(
+                ConvDirection::DWeight,
+                ctx,
+                variant,
+                [rows, meta.c_out, 1],
+                (&KERNEL, meta),
+            )?;
+            let reduction_tiles = meta.m.div_ceil(plan.tile_k as usize) as u32;
+            let mut split = split_k(
+                plan.workgroups[0] * plan.workgroups[1],
+                reduction_tiles,
+                ctx.caps().estimated_compute_units(),
+                ctx.conv_tuning(),
+            );
+            // The partial sums must fit one storage binding.
+            let slice_bytes = (rows * meta.c_out * 4) as u64;
+            let max_split =
+                (ctx.caps().limits.max_storage_buffer_binding_size / slice_bytes).max(1);
+            split = split.min(max_split as u32);
+            // Where the driver cuts loops short (lavapipe), enough slices
+            // that each invocation's share of the reduction stays under it.
+            if let Some(limit) = ctx.caps().loop_iteration_limit()
+                && plan.coop.is_none()
+            {
+                let turns = rows
+                    .div_ceil(plan.tile_m as usize)
+                    .div_ceil(plan.workgroups[0].max(1) as usize);
+                let per_slice = (limit as usize / 2 / turns.max(1)).max(1);
+                let needed = (reduction_tiles as usize).div_ceil(per_slice) as u32;
+                split = split.max(needed.min(max_split as u32));
+                let tiles = (reduction_tiles as usize).div_ceil(split as usize);
+                check_gemm_loops(ctx, ConvDirection::DWeight, turns, tiles)?;
+            }
+            plan.workgroups[2] = split;
+            plan.split_k = split;
+            // The halo kernel where it fits and compiles; should it fail to
+            // compile (the pipeline cache has warned), the coop GEMM core.
+            let halo = plan.with_dweight_halo(meta, ctx.caps(), ctx.conv_tuning());
+            let compiles = || KERNEL.pipeline(ctx, &halo, meta).is_some();
+            Ok(if halo != plan && compiles() {
+                halo
+            } else {
+                plan
+            })
+        })
+    })
+}
+
+/// Compiles the reduce that follows dweight's plan for `meta`: the one that
+/// also writes the flipped filter where `flip` (the same backward's dinput
+/// runs the halo kernel), for [`super::prepare_convs`].
+pub(crate) fn compile_reduce(
+    ctx: &GpuContext,
+    plans: &ConvPlans,
+    meta: &ConvShapeMeta,
+    operands: DType,
+    flip: bool,
+) -> Result<()> {
+    let plan = plan_dweight(ctx, plans, meta, operands, operands)?;
+    let reduce = if flip { &REDUCE_FLIP } else { &REDUCE };
+    // A failure has been announced; the step meets it again and reports it.
+    let _ = reduce.pipeline(ctx, &plan, meta);
+    Ok(())
 }
 
 /// The CPU reference: per group of images, im2col^T x dY; groups summed in order.

@@ -9,11 +9,12 @@ use rayon::prelude::*;
 use crate::conv::cpu::{Mat, gemm, im2col_image, rows_per_image};
 use crate::conv::gemm::{ConvKernel, DirectC, GEMM_RUN, GemmRuns, IM2COL};
 use crate::conv::operands::{
-    accepts_operand, buf, expect_dims, gpu_operand, host_values, same_device,
+    accepts_dtype, buf, expect_dims, gpu_operand, host_values, same_device,
 };
 use crate::conv::plan::{ConvDirection, ConvLaunchPlan, ConvPlans, plan_first};
 use crate::conv::shape::{ConvParams, ConvShapeMeta};
 use crate::error::{AetherError, Result};
+use crate::gpu::GpuContext;
 use crate::tensor::{DType, Shape, Tensor};
 use halo::Narrow;
 
@@ -71,32 +72,7 @@ pub fn conv2d_forward(
     // An f32 input is read as f32 and converted while staging: no cast dispatch.
     // Should that pipeline fail to compile (announced), the input is cast.
     let x_f32 = [x.dtype() == DType::F32];
-    let plan = plans.get_or_plan(ctx, ConvDirection::Forward, &meta, || {
-        plan_first(ctx, plans, &KERNEL, &meta, &x_f32, |variant| {
-            accepts_operand(variant, x)?;
-            accepts_operand(variant, w)?;
-            let gemm = ConvLaunchPlan::gemm(
-                ConvDirection::Forward,
-                ctx,
-                variant,
-                [meta.m, meta.c_out, 1],
-                (&KERNEL, &meta),
-            )?;
-            // The halo kernel where it fits and compiles; should it fail to
-            // compile (the pipeline cache has warned), the coop GEMM core.
-            let halo = gemm.with_halo(&meta, ctx.caps(), ctx.conv_tuning(), Narrow::FORWARD);
-            let compiles = || {
-                KERNEL
-                    .pipeline_for_inputs(ctx, &halo, &meta, &x_f32)
-                    .is_some()
-            };
-            Ok(if halo != gemm && compiles() {
-                halo
-            } else {
-                gemm
-            })
-        })
-    })?;
+    let plan = plan_forward(ctx, plans, &meta, x.dtype(), w.dtype())?;
     // The plan was checked with this shape's input dtype; another dtype may need
     // a pipeline that has not been compiled yet, which could still fail.
     let (pipeline, read_f32) = KERNEL
@@ -121,6 +97,45 @@ pub fn conv2d_forward(
         plan.workgroups,
     )?;
     Ok(out)
+}
+
+/// The forward's plan for `meta` with operands of these types, made (and its
+/// pipeline compiled) on first use: the halo kernel where it fits and
+/// compiles, else the first GEMM-core variant that does.
+pub(crate) fn plan_forward(
+    ctx: &GpuContext,
+    plans: &ConvPlans,
+    meta: &ConvShapeMeta,
+    x: DType,
+    w: DType,
+) -> Result<ConvLaunchPlan> {
+    let x_f32 = [x == DType::F32];
+    plans.get_or_plan(ctx, ConvDirection::Forward, meta, || {
+        plan_first(ctx, plans, &KERNEL, meta, &x_f32, |variant| {
+            accepts_dtype(variant, x, &meta.input_dims())?;
+            accepts_dtype(variant, w, &meta.weight_dims())?;
+            let gemm = ConvLaunchPlan::gemm(
+                ConvDirection::Forward,
+                ctx,
+                variant,
+                [meta.m, meta.c_out, 1],
+                (&KERNEL, meta),
+            )?;
+            // Should the halo kernel fail to compile (the pipeline cache has
+            // warned), the coop GEMM core.
+            let halo = gemm.with_halo(meta, ctx.caps(), ctx.conv_tuning(), Narrow::FORWARD);
+            let compiles = || {
+                KERNEL
+                    .pipeline_for_inputs(ctx, &halo, meta, &x_f32)
+                    .is_some()
+            };
+            Ok(if halo != gemm && compiles() {
+                halo
+            } else {
+                gemm
+            })
+        })
+    })
 }
 
 /// The CPU reference: im2col of each image and a GEMM, images in parallel.
