@@ -7,7 +7,8 @@
 //! - `forward`, `dweight`, `dinput`: each direction's kernels, with the halo
 //!   kernel for stride-1 convs in `halo.rs` beside them;
 //! - `prepare`: every conv's plans made at once, on all cores, before a
-//!   network's first step;
+//!   network's first step; `tune`: plans chosen by timing their candidates,
+//!   where the options ask;
 //! - `cast`: the fp16 casts; `cpu`: the CPU path's im2col; `operands`: checks
 //!   of the tensors the kernels take.
 //!
@@ -29,6 +30,7 @@ pub mod plan;
 mod prepare;
 #[doc(hidden)]
 pub mod shape;
+pub mod tune;
 pub mod tuning;
 
 pub(crate) use cast::cast_f16_kept;

@@ -130,6 +130,36 @@ impl ConvPlans {
         }
     }
 
+    /// Plans holding `plan` for `direction` at `meta` on `ctx`, as if made
+    /// there (for timing a candidate through the kernels' own entry points).
+    pub(crate) fn with_plan(
+        ctx: &GpuContext,
+        direction: ConvDirection,
+        meta: &ConvShapeMeta,
+        plan: ConvLaunchPlan,
+    ) -> Self {
+        let plans = Self::new();
+        plans
+            .plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((ctx.id(), direction, *meta), plan);
+        plans
+    }
+
+    /// Whether the plan for `direction` at `meta` on `ctx` is made.
+    pub(crate) fn has(
+        &self,
+        ctx: &GpuContext,
+        direction: ConvDirection,
+        meta: &ConvShapeMeta,
+    ) -> bool {
+        self.plans
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&(ctx.id(), direction, *meta))
+    }
+
     /// The variants to try, best first.
     pub(crate) fn candidates(&self, caps: &GpuCapabilities) -> Vec<ConvVariant> {
         match self.forced {
@@ -268,6 +298,7 @@ impl ConvLaunchPlan {
         variant: ConvVariant,
         [rows, cols, z]: [usize; 3],
         (kernel, meta): (&ConvKernel, &ConvShapeMeta),
+        tuning: &ConvTuning,
     ) -> Result<Self> {
         let coop = match variant {
             ConvVariant::Coop { tile } => Some(CoopBlock::choose(
@@ -275,7 +306,7 @@ impl ConvLaunchPlan {
                 direction,
                 [rows, cols, direction.reduction_depth(meta)],
                 ctx.caps(),
-                ctx.conv_tuning(),
+                tuning,
                 kernel.direct_span(meta, tile),
             )?),
             _ => None,

@@ -8,14 +8,17 @@
 //! cores; the plans land in the layers' [`ConvPlans`] and the pipelines in
 //! the context's cache, where the step then finds them.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::dinput::plan_dinput;
 use super::dweight::{compile_reduce, plan_dweight};
 use super::forward::plan_forward;
-use super::plan::{ConvDirection, ConvPlans};
-use super::shape::ConvShapeMeta;
+use super::plan::{ConvDirection, ConvLaunchPlan, ConvPlans};
+use super::shape::{ConvParams, ConvShapeMeta};
+use super::tune;
+use super::tuning::ConvTuning;
+use crate::diagnostics::quietly;
 use crate::error::{AetherError, Result};
 use crate::gpu::GpuContext;
 use crate::tensor::DType;
@@ -24,8 +27,9 @@ use crate::tensor::DType;
 pub struct ConvWork<'a> {
     /// The layer's plan cache, which the step reads.
     pub plans: &'a ConvPlans,
-    /// The conv's geometry, batch included.
+    /// The conv's geometry, batch included, and its parameters.
     pub meta: ConvShapeMeta,
+    pub params: ConvParams,
     /// The forward's input type (f16 where the layer before hands f16 over).
     pub input: DType,
     /// The weights' operand type (the f16 shadow on the f16 variants).
@@ -52,27 +56,84 @@ impl ConvWork<'_> {
 
     /// Makes the plan of `direction` (compiling its pipelines), or finds it made.
     fn plan(&self, ctx: &GpuContext, direction: ConvDirection) -> Result<()> {
+        let tuning = ctx.plan_tuning(direction, &self.meta);
         let operands = self.backward.unwrap_or(self.weights);
         match direction {
-            ConvDirection::Forward => {
-                plan_forward(ctx, self.plans, &self.meta, self.input, self.weights).map(|_| ())
-            }
+            ConvDirection::Forward => self
+                .plan_with(ctx, self.plans, direction, &tuning)
+                .map(|_| ()),
             ConvDirection::DWeight => {
-                plan_dweight(ctx, self.plans, &self.meta, operands, operands)?;
+                self.plan_with(ctx, self.plans, direction, &tuning)?;
                 if self.input_grad {
                     // The dinput task knows which reduce runs.
                     return Ok(());
                 }
-                compile_reduce(ctx, self.plans, &self.meta, operands, false)
+                compile_reduce(ctx, self.plans, &self.meta, operands, false, &tuning)
             }
             ConvDirection::DInput => {
-                let plan = plan_dinput(ctx, self.plans, &self.meta, self.weights)?;
+                let plan = self.plan_with(ctx, self.plans, direction, &tuning)?;
                 // The reduce also flips the filter for the f16 halo kernel
                 // (as `Conv2d::backward` asks of `conv2d_dweight_into`).
                 let flip = plan.halo.is_some() && self.weights == DType::F16;
-                compile_reduce(ctx, self.plans, &self.meta, operands, flip)
+                let tuning = ctx.plan_tuning(ConvDirection::DWeight, &self.meta);
+                compile_reduce(ctx, self.plans, &self.meta, operands, flip, &tuning)
             }
         }
+    }
+
+    /// The plan of `direction` with `tuning`, made into `plans` (compiling
+    /// its kernel), or found there.
+    fn plan_with(
+        &self,
+        ctx: &GpuContext,
+        plans: &ConvPlans,
+        direction: ConvDirection,
+        tuning: &ConvTuning,
+    ) -> Result<ConvLaunchPlan> {
+        let operands = self.backward.unwrap_or(self.weights);
+        match direction {
+            ConvDirection::Forward => {
+                plan_forward(ctx, plans, &self.meta, self.input, self.weights, tuning)
+            }
+            ConvDirection::DWeight => {
+                plan_dweight(ctx, plans, &self.meta, operands, operands, tuning)
+            }
+            ConvDirection::DInput => plan_dinput(ctx, plans, &self.meta, self.weights, tuning),
+        }
+    }
+
+    /// The distinct plans that [`tune::candidates`] make for `direction`, each
+    /// with its tuning and compiled, the rule's first; those of another
+    /// variant than the rule's are left out, and the candidates' own
+    /// declines and compile failures are not announced (the rule's are).
+    fn candidate_plans(
+        &self,
+        ctx: &GpuContext,
+        direction: ConvDirection,
+    ) -> Vec<(ConvTuning, ConvLaunchPlan)> {
+        let operands = self.backward.unwrap_or(self.weights);
+        let mut found: Vec<(ConvTuning, ConvLaunchPlan)> = Vec::new();
+        for (i, tuning) in tune::candidates(direction).into_iter().enumerate() {
+            let scratch = ConvPlans::new();
+            let make = || {
+                let plan = self.plan_with(ctx, &scratch, direction, &tuning)?;
+                if direction == ConvDirection::DWeight {
+                    compile_reduce(ctx, &scratch, &self.meta, operands, false, &tuning)?;
+                }
+                Ok::<_, AetherError>(plan)
+            };
+            let made = if i == 0 { make() } else { quietly(make) };
+            let Ok(plan) = made else {
+                continue;
+            };
+            let other_variant = found
+                .first()
+                .is_some_and(|(_, r)| r.variant != plan.variant);
+            if !other_variant && found.iter().all(|(_, p)| *p != plan) {
+                found.push((tuning, plan));
+            }
+        }
+        found
     }
 }
 
@@ -80,33 +141,61 @@ impl ConvWork<'_> {
 /// (at most `threads`); the first error, if any, once all have run. A plan
 /// already made is found, not made again, so calling this before every step
 /// costs a lookup per direction.
-pub fn prepare_convs(ctx: &GpuContext, work: &[ConvWork<'_>], threads: usize) -> Result<()> {
+///
+/// Where the context measures plans ([`GpuContext::tunes_convs`]), each
+/// direction not yet measured at its shape has its candidates compiled on all
+/// cores first, then timed one direction at a time ([`tune`]).
+pub fn prepare_convs(ctx: &Arc<GpuContext>, work: &[ConvWork<'_>], threads: usize) -> Result<()> {
     let tasks: Vec<(&ConvWork<'_>, ConvDirection)> = work
         .iter()
         .flat_map(|w| w.directions().into_iter().map(move |d| (w, d)))
         .collect();
-    let threads = threads.min(tasks.len());
+    if ctx.tunes_convs() {
+        let untuned: Vec<_> = tasks
+            .iter()
+            .filter(|(w, d)| {
+                ctx.tuned_plans().get(*d, &w.meta).is_none() && !w.plans.has(ctx, *d, &w.meta)
+            })
+            .collect();
+        let candidates = on_threads(&untuned, threads, |(w, d)| w.candidate_plans(ctx, *d));
+        for ((w, d), candidates) in untuned.iter().zip(candidates) {
+            if candidates.len() > 1 {
+                tune::choose(ctx, w, *d, &candidates);
+            }
+        }
+    }
+    on_threads(&tasks, threads, |(w, d)| w.plan(ctx, *d))
+        .into_iter()
+        .collect()
+}
+
+/// `f` of each item, in order, computed on at most `threads` threads taking
+/// the items in turn.
+fn on_threads<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = threads.min(items.len());
     if threads <= 1 {
-        return tasks.iter().try_for_each(|(w, d)| w.plan(ctx, *d));
+        return items.iter().map(f).collect();
     }
     let next = AtomicUsize::new(0);
-    let first_error: Mutex<Option<AetherError>> = Mutex::new(None);
+    let results: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
     std::thread::scope(|scope| {
         for _ in 0..threads {
             scope.spawn(|| {
-                while let Some((w, d)) = tasks.get(next.fetch_add(1, Ordering::Relaxed)) {
-                    if let Err(err) = w.plan(ctx, *d) {
-                        first_error
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .get_or_insert(err);
-                    }
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(item) = items.get(i) else {
+                        break;
+                    };
+                    let result = f(item);
+                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
                 }
             });
         }
     });
-    match first_error.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(err) => Err(err),
-        None => Ok(()),
-    }
+    results
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .map(|r| r.expect("every item taken"))
+        .collect()
 }

@@ -68,6 +68,13 @@ impl ConvTuning {
             .map(|(_, value)| value.as_str())
     }
 
+    /// The variables set, with their values.
+    pub fn values(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.values
+            .iter()
+            .map(|(var, value)| (*var, value.as_str()))
+    }
+
     /// Whether no variable is set.
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()

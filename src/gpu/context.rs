@@ -12,7 +12,8 @@ use super::faults::Faults;
 use super::options::GpuOptions;
 use super::pipelines::PipelineCache;
 use super::pool::BufferPool;
-use crate::conv::ConvTuning;
+use crate::conv::tune::TunedPlans;
+use crate::conv::{ConvDirection, ConvShapeMeta, ConvTuning};
 use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
 
@@ -34,6 +35,10 @@ pub struct GpuContext {
     faults: Arc<Faults>,
     /// The conv planner's tuning overrides, from the options it was made with.
     conv_tuning: ConvTuning,
+    /// Whether conv plans are chosen by timing ([`GpuOptions::tune_convs`]),
+    /// and the choices measured so far.
+    tune_convs: bool,
+    tuned_plans: TunedPlans,
     /// Unique among the process's contexts: what a cache of anything made
     /// for one context (conv launch plans) keys it by.
     id: u64,
@@ -195,6 +200,8 @@ impl GpuContext {
             bind_groups: BindGroupCache::default(),
             faults,
             conv_tuning: options.conv_tuning.clone(),
+            tune_convs: options.tune_convs,
+            tuned_plans: TunedPlans::open(options.cache_dir.as_deref(), &info),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         }))
     }
@@ -202,6 +209,28 @@ impl GpuContext {
     /// The conv planner's tuning overrides ([`GpuOptions::conv_tuning`]).
     pub fn conv_tuning(&self) -> &ConvTuning {
         &self.conv_tuning
+    }
+
+    /// The tuning a conv's `direction` at `meta` is planned with: the one
+    /// measured fastest there ([`GpuOptions::tune_convs`]), else
+    /// [`GpuContext::conv_tuning`]. Overrides set in the options win.
+    pub fn plan_tuning(&self, direction: ConvDirection, meta: &ConvShapeMeta) -> ConvTuning {
+        if self.conv_tuning.is_empty()
+            && let Some(measured) = self.tuned_plans.get(direction, meta)
+        {
+            return measured;
+        }
+        self.conv_tuning.clone()
+    }
+
+    /// Whether conv plans are chosen by timing their candidates: asked for
+    /// ([`GpuOptions::tune_convs`]) and no tuning override set.
+    pub fn tunes_convs(&self) -> bool {
+        self.tune_convs && self.conv_tuning.is_empty()
+    }
+
+    pub(crate) fn tuned_plans(&self) -> &TunedPlans {
+        &self.tuned_plans
     }
 
     /// This context's id, unique in the process (never reused).

@@ -71,6 +71,11 @@ pub struct GpuOptions {
     /// default; [`GpuOptions::from_env`] takes the `AETHER_*` tuning
     /// variables set in the environment (docs/tuning.md).
     pub conv_tuning: ConvTuning,
+    /// Choose each conv's plans by timing the candidates at the first step
+    /// of a shape, and keep the fastest beside the pipeline cache
+    /// (`AETHER_TUNE_CONVS=1`; off by default: it lengthens that first step
+    /// by the candidates' compiles and timings; docs/tuning.md).
+    pub tune_convs: bool,
 }
 
 impl GpuOptions {
@@ -93,6 +98,10 @@ impl GpuOptions {
             Err(_) => false,
             Ok(v) => parse_flag("AETHER_SHADER_CHECKS", &v)?,
         };
+        let tune_convs = match std::env::var("AETHER_TUNE_CONVS") {
+            Err(_) => false,
+            Ok(v) => parse_flag("AETHER_TUNE_CONVS", &v)?,
+        };
         let cache_dir = match std::env::var_os("AETHER_CACHE_DIR") {
             Some(dir) if !dir.is_empty() => Some(PathBuf::from(dir)),
             _ => dirs::cache_dir().map(|d| d.join("aether")),
@@ -108,6 +117,7 @@ impl GpuOptions {
             fail_allocations_over: None,
             record_shaders: false,
             conv_tuning: ConvTuning::from_env(),
+            tune_convs,
         })
     }
 

@@ -413,6 +413,7 @@ impl Layer for Conv2d {
         Some(ConvWork {
             plans: &self.plans,
             meta,
+            params: w.params,
             input: step.input,
             weights: operands,
             backward: step.train.then_some(operands),

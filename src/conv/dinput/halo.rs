@@ -14,6 +14,7 @@ use crate::conv::gemm::{ConvKernel, GEMM_RUN, GemmRuns, IM2COL};
 use crate::conv::operands::buf;
 use crate::conv::plan::ConvLaunchPlan;
 use crate::conv::shape::{ConvParams, ConvShapeMeta, Padding};
+use crate::conv::tuning::ConvTuning;
 use crate::diagnostics::warn_once;
 use crate::error::Result;
 use crate::gpu::{GpuContext, PipelineKey, flat_grid};
@@ -88,8 +89,9 @@ pub(crate) fn with_dinput_halo(
     ctx: &GpuContext,
     gemm: ConvLaunchPlan,
     meta: &ConvShapeMeta,
+    tuning: &ConvTuning,
 ) -> ConvLaunchPlan {
-    match ctx.conv_tuning().get(DINPUT_HALO_ENV) {
+    match tuning.get(DINPUT_HALO_ENV) {
         Some(text) if text.trim() == "0" => return gemm,
         Some(text) => {
             warn_once(
@@ -104,7 +106,7 @@ pub(crate) fn with_dinput_halo(
     let Some(t) = transposed(meta) else {
         return gemm;
     };
-    let halo = gemm.with_halo(&t, ctx.caps(), ctx.conv_tuning(), Narrow::DINPUT);
+    let halo = gemm.with_halo(&t, ctx.caps(), tuning, Narrow::DINPUT);
     let compiles = || {
         KERNEL.pipeline(ctx, &halo, &t).is_some()
             && ctx

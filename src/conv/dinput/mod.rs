@@ -17,6 +17,7 @@ use crate::conv::operands::{
 };
 use crate::conv::plan::{ConvDirection, ConvLaunchPlan, ConvPlans, plan_first};
 use crate::conv::shape::{ConvParams, ConvShapeMeta};
+use crate::conv::tuning::ConvTuning;
 use crate::error::Result;
 use crate::gpu::GpuContext;
 use crate::tensor::{DType, Shape, Tensor};
@@ -87,6 +88,7 @@ pub(crate) fn plan_dinput(
     plans: &ConvPlans,
     meta: &ConvShapeMeta,
     w: DType,
+    tuning: &ConvTuning,
 ) -> Result<ConvLaunchPlan> {
     plans.get_or_plan(ctx, ConvDirection::DInput, meta, || {
         // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
@@ -100,9 +102,10 @@ pub(crate) fn plan_dinput(
                 variant,
                 [class_rows, meta.c_in, classes],
                 (&KERNEL, meta),
+                tuning,
             )
         })?;
-        Ok(with_dinput_halo(ctx, gemm, meta))
+        Ok(with_dinput_halo(ctx, gemm, meta, tuning))
     })
 }
 
@@ -114,7 +117,8 @@ fn halo_plan(
     w: &Tensor,
     plans: &ConvPlans,
 ) -> Result<Option<ConvLaunchPlan>> {
-    let plan = plan_dinput(ctx, plans, meta, w.dtype())?;
+    let tuning = ctx.plan_tuning(ConvDirection::DInput, meta);
+    let plan = plan_dinput(ctx, plans, meta, w.dtype(), &tuning)?;
     Ok(plan.halo.is_some().then_some(plan))
 }
 
@@ -163,7 +167,8 @@ pub fn conv2d_dinput_flipped(
         let dx = dinput_cpu(&meta, &host_values(dy)?, &host_values(w)?);
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     };
-    let plan = plan_dinput(ctx, plans, &meta, w.dtype())?;
+    let tuning = ctx.plan_tuning(ConvDirection::DInput, &meta);
+    let plan = plan_dinput(ctx, plans, &meta, w.dtype(), &tuning)?;
     let dy_op = gpu_operand("conv2d_dinput dvalues", dy, plan.variant)?;
     let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims)?, DType::F32)?;

@@ -145,7 +145,8 @@ pub(crate) fn conv2d_dweight_into(
             false,
         ));
     };
-    let plan = plan_dweight(ctx, plans, &meta, x.dtype(), dy.dtype())?;
+    let tuning = ctx.plan_tuning(ConvDirection::DWeight, &meta);
+    let plan = plan_dweight(ctx, plans, &meta, x.dtype(), dy.dtype(), &tuning)?;
     let pipeline = KERNEL
         .pipeline(ctx, &plan, &meta)
         .expect("planned variant compiled");
@@ -233,6 +234,7 @@ pub(crate) fn plan_dweight(
     meta: &ConvShapeMeta,
     x: DType,
     dy: DType,
+    tuning: &ConvTuning,
 ) -> Result<ConvLaunchPlan> {
     plans.get_or_plan(ctx, ConvDirection::DWeight, meta, || {
         plan_first(ctx, plans, &KERNEL, meta, &[], |variant| {
@@ -245,13 +247,14 @@ pub(crate) fn plan_dweight(
                 variant,
                 [rows, meta.c_out, 1],
                 (&KERNEL, meta),
+                tuning,
             )?;
             let reduction_tiles = meta.m.div_ceil(plan.tile_k as usize) as u32;
             let mut split = split_k(
                 plan.workgroups[0] * plan.workgroups[1],
                 reduction_tiles,
                 ctx.caps().estimated_compute_units(),
-                ctx.conv_tuning(),
+                tuning,
             );
             // The partial sums must fit one storage binding.
             let slice_bytes = (rows * meta.c_out * 4) as u64;
@@ -276,7 +279,7 @@ pub(crate) fn plan_dweight(
             plan.split_k = split;
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.
-            let halo = plan.with_dweight_halo(meta, ctx.caps(), ctx.conv_tuning());
+            let halo = plan.with_dweight_halo(meta, ctx.caps(), tuning);
             let compiles = || KERNEL.pipeline(ctx, &halo, meta).is_some();
             Ok(if halo != plan && compiles() {
                 halo
@@ -296,8 +299,9 @@ pub(crate) fn compile_reduce(
     meta: &ConvShapeMeta,
     operands: DType,
     flip: bool,
+    tuning: &ConvTuning,
 ) -> Result<()> {
-    let plan = plan_dweight(ctx, plans, meta, operands, operands)?;
+    let plan = plan_dweight(ctx, plans, meta, operands, operands, tuning)?;
     let reduce = if flip { &REDUCE_FLIP } else { &REDUCE };
     // A failure has been announced; the step meets it again and reports it.
     let _ = reduce.pipeline(ctx, &plan, meta);

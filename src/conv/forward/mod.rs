@@ -13,6 +13,7 @@ use crate::conv::operands::{
 };
 use crate::conv::plan::{ConvDirection, ConvLaunchPlan, ConvPlans, plan_first};
 use crate::conv::shape::{ConvParams, ConvShapeMeta};
+use crate::conv::tuning::ConvTuning;
 use crate::error::{AetherError, Result};
 use crate::gpu::GpuContext;
 use crate::tensor::{DType, Shape, Tensor};
@@ -72,7 +73,8 @@ pub fn conv2d_forward(
     // An f32 input is read as f32 and converted while staging: no cast dispatch.
     // Should that pipeline fail to compile (announced), the input is cast.
     let x_f32 = [x.dtype() == DType::F32];
-    let plan = plan_forward(ctx, plans, &meta, x.dtype(), w.dtype())?;
+    let tuning = ctx.plan_tuning(ConvDirection::Forward, &meta);
+    let plan = plan_forward(ctx, plans, &meta, x.dtype(), w.dtype(), &tuning)?;
     // The plan was checked with this shape's input dtype; another dtype may need
     // a pipeline that has not been compiled yet, which could still fail.
     let (pipeline, read_f32) = KERNEL
@@ -108,6 +110,7 @@ pub(crate) fn plan_forward(
     meta: &ConvShapeMeta,
     x: DType,
     w: DType,
+    tuning: &ConvTuning,
 ) -> Result<ConvLaunchPlan> {
     let x_f32 = [x == DType::F32];
     plans.get_or_plan(ctx, ConvDirection::Forward, meta, || {
@@ -120,10 +123,11 @@ pub(crate) fn plan_forward(
                 variant,
                 [meta.m, meta.c_out, 1],
                 (&KERNEL, meta),
+                tuning,
             )?;
             // Should the halo kernel fail to compile (the pipeline cache has
             // warned), the coop GEMM core.
-            let halo = gemm.with_halo(meta, ctx.caps(), ctx.conv_tuning(), Narrow::FORWARD);
+            let halo = gemm.with_halo(meta, ctx.caps(), tuning, Narrow::FORWARD);
             let compiles = || {
                 KERNEL
                     .pipeline_for_inputs(ctx, &halo, meta, &x_f32)
