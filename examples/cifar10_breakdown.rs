@@ -392,9 +392,23 @@ fn profile(
             } else {
                 0.0
             };
-        let mut variants: Vec<&str> = plans.iter().map(|(_, _, p)| p.kernel_name()).collect();
+        let mut variants: Vec<String> = plans
+            .iter()
+            .map(|(_, _, p)| p.kernel_name().to_owned())
+            .collect();
         variants.sort();
         variants.dedup();
+        // Where plans were measured (AETHER_TUNE_CONVS=1), the tunings that won.
+        for (direction, meta, _) in &plans {
+            let tuning = ctx.plan_tuning(*direction, meta);
+            if !tuning.is_empty() {
+                let values: Vec<String> = tuning
+                    .values()
+                    .map(|(var, value)| format!("{}={value}", var.trim_start_matches("AETHER_")))
+                    .collect();
+                variants.push(format!("{direction:?}[{}]", values.join(" ")));
+            }
+        }
         let (forward_ms, backward_ms) = (ms("forward"), ms("backward"));
         let kernel_ms = |label: &str| {
             let key = (format!("{layer} {kind} backward"), label.to_owned());
