@@ -1106,6 +1106,22 @@ impl Model {
         }
     }
 
+    /// The gradient of layer `j`'s output summed from `sum` and `dx` (what
+    /// reader `i` passed back). At the last sum (from `j`'s first reader,
+    /// whose backward runs last), where `j` masks its gradient by a folded
+    /// ReLU, the mask is applied in the same pass and `j` told so.
+    fn sum_gradient(&mut self, j: usize, i: usize, sum: &Tensor, dx: &Tensor) -> Result<Tensor> {
+        let last = self.readers[j].first() == Some(&i);
+        match self.layers[j].relu_mask().filter(|_| last).cloned() {
+            Some(y) => {
+                let masked = crate::ops::arith::add_relu_backward(sum, dx, &y)?;
+                self.layers[j].output_grad_masked();
+                Ok(masked)
+            }
+            None => crate::ops::arith::add(sum, dx),
+        }
+    }
+
     /// Plans every conv kernel that a step on batches of `batch_size` runs,
     /// spread over all cores at once: each plan compiles its pipelines, which
     /// a first step would otherwise compile one after another as it records
@@ -1191,7 +1207,7 @@ impl Model {
             for (source, dx) in sources.into_iter().zip(dxs) {
                 if let (NodeId::Layer(j), Some(dx)) = (source, dx) {
                     grads[j] = Some(match grads[j].take() {
-                        Some(sum) => crate::ops::arith::add(&sum, &dx)?,
+                        Some(sum) => self.sum_gradient(j, i, &sum, &dx)?,
                         None => dx,
                     });
                 }

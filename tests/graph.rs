@@ -18,7 +18,7 @@ use aether::nn::{
 use aether::ops::activation::{
     Smooth, smooth_activation, smooth_activation_as, smooth_activation_backward,
 };
-use aether::ops::arith::{add, add_relu, scale};
+use aether::ops::arith::{add, add_relu, add_relu_backward, scale};
 use aether::ops::concat::{concat_channels, split_channels};
 use aether::optim::Adam;
 use aether::tensor::DType;
@@ -75,6 +75,22 @@ test_device!(add_and_scale_are_one_rounding, |device: &Device| {
     let sum = f32_bits(&add(&ta, &tb).unwrap());
     let scaled = f32_bits(&scale(&ta, factor).unwrap());
     let rectified = f32_bits(&add_relu(&ta, &tb).unwrap());
+    // The ReLU's output for the masked sum: positive, zero, -0.0, negative and NaN.
+    let mut y: Vec<f32> = (0..LEN).map(|i| rng.vec(1)[0] * (i % 3) as f32).collect();
+    y[7] = f32::NAN;
+    y[8] = -0.0;
+    let ty = Tensor::from_f32(vec![LEN], y.clone(), device).unwrap();
+    let masked = f32_bits(&add_relu_backward(&ta, &tb, &ty).unwrap());
+    for i in 0..LEN {
+        let want_sum = (f64::from(a[i]) + f64::from(b[i])) as f32;
+        let want_masked = if y[i] > 0.0 { want_sum } else { 0.0 };
+        assert_eq!(
+            masked[i],
+            want_masked.to_bits(),
+            "add_relu_backward at {i} (seed {})",
+            rng.seed
+        );
+    }
     for i in 0..LEN {
         // A sum or product of two f32 is exact in f64: one rounding after.
         let want_sum = (f64::from(a[i]) + f64::from(b[i])) as f32;
@@ -385,8 +401,10 @@ fn graph_gradients_match_finite_differences_on_cpu() {
     }
 }
 
-/// A residual block with BatchNorm and ReLU (the fusions' case) and a
-/// projection shortcut, as ResNet's.
+/// Two residual blocks with BatchNorm and ReLU (the fusions' case), the
+/// first with a projection shortcut, the second with the identity, as
+/// ResNet's: the first block's output feeds the second's conv and its add,
+/// so its gradient is a sum at a fork.
 fn residual_graph(seed: u64) -> Model {
     let mut g = Graph::new();
     let x = g.input();
@@ -410,6 +428,10 @@ fn residual_graph(seed: u64) -> Model {
     );
     let sum = g.add(Add::default(), &[a, shortcut]);
     let h = g.add(ReLU::default(), &[sum]);
+    let b = g.add(Conv2d::new(16, (3, 3), Padding::Same).bias(false), &[h]);
+    let b = g.add(BatchNorm::new(0.9, 1e-5), &[b]);
+    let sum = g.add(Add::default(), &[b, h]);
+    let h = g.add(ReLU::default(), &[sum]);
     let h = g.add(GlobalAvgPool::default(), &[h]);
     let h = g.add(Flatten::default(), &[h]);
     g.add(Dense::new(10), &[h]);
@@ -426,9 +448,11 @@ fn residual_graph(seed: u64) -> Model {
 
 const SIDE: usize = 9;
 
-/// The residual graph's ReLU after Add, run inside Add or as a layer of its
-/// own, gives the same loss and gradients: the fused pass is the same f32
-/// operations (on the CPU, bit for bit; on a GPU, within f16 hand-offs).
+/// The residual graph's ReLUs after Add, run inside Add or as layers of
+/// their own, give the same loss and gradients: the fused passes (the add
+/// and its ReLU; the gradients summed at the fork and that ReLU's mask) are
+/// the same f32 operations (on the CPU, bit for bit; on a GPU, within f16
+/// hand-offs). On a GPU the masked sum is seen to run.
 #[test]
 fn a_relu_folded_into_add_changes_no_gradient() {
     let mut rng = Rng::fresh();
@@ -443,14 +467,25 @@ fn a_relu_folded_into_add_changes_no_gradient() {
             model.to(device).unwrap();
             model.finalize(&[SIDE, SIDE, 3]).unwrap();
             let fused = model.fused_relus();
-            (fused, model.gradients(&x, &y).unwrap())
+            let Some(ctx) = device.gpu_context().filter(|c| c.caps().timestamps) else {
+                return (fused, model.gradients(&x, &y).unwrap(), None);
+            };
+            let (gradients, times) = ctx.timed(1024, || model.gradients(&x, &y)).unwrap();
+            let masked_sums = times
+                .iter()
+                .filter(|t| t.label == "add_relu_backward")
+                .count();
+            (fused, gradients, Some(masked_sums))
         };
-        let (fused, with) = run(true);
-        let (unfused, without) = run(false);
+        let (fused, with, masked_with) = run(true);
+        let (unfused, without, masked_without) = run(false);
         assert!(
             fused.contains(&10) && unfused.is_empty(),
             "{fused:?} {unfused:?}"
         );
+        if let (Some(with), Some(without)) = (masked_with, masked_without) {
+            assert_eq!((with, without), (1, 0), "masked gradient sums at the fork");
+        }
         let device_name = device.name();
         if matches!(device, Device::Cpu) {
             assert_eq!(with.loss.to_bits(), without.loss.to_bits(), "loss");
@@ -491,7 +526,7 @@ fn graph_on_the_gpu_matches_the_cpu() {
     let (gpu_model, gpu_logits, gpu_loss, gpu_grads) = on(&gpu);
     assert_eq!(
         cpu_model.fused_relus(),
-        [2, 5, 10],
+        [2, 5, 10, 14],
         "ReLUs after BatchNorm and Add fold where that output feeds them alone"
     );
     assert_eq!(gpu_model.fused_relus(), cpu_model.fused_relus());

@@ -154,7 +154,8 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
     let s = g.add(SiLU::default(), &[sum]);
     let rectified = g.add(Add::default(), &[s, b]);
     let rectified = g.add(ReLU::default(), &[rectified]);
-    let joined = g.add(Concat::default(), &[rectified, a]);
+    // The folded ReLU's output read twice: its gradient is a masked sum.
+    let joined = g.add(Concat::default(), &[rectified, rectified]);
     let pooled = g.add(GlobalMaxPool::default(), &[joined]);
     let logits = g.add(Dense::new(3).bias(false), &[pooled]);
     g.add(Scale::new(0.5), &[logits]);

@@ -31,6 +31,9 @@ pub struct Add {
     relu: bool,
     /// The output, kept in training for the fused ReLU's gradient.
     output: Option<Tensor>,
+    /// The next backward's gradient is masked already (see
+    /// [`Layer::output_grad_masked`]).
+    grad_masked: bool,
 }
 
 impl Layer for Add {
@@ -89,18 +92,28 @@ impl Layer for Add {
         if self.relu && matches!(mode, Mode::Train { .. }) {
             self.output = Some(out.clone());
         }
+        self.grad_masked = false;
         Ok(out)
     }
 
     fn end_step(&mut self) {
         self.output = None;
+        self.grad_masked = false;
+    }
+
+    fn relu_mask(&self) -> Option<&Tensor> {
+        self.output.as_ref().filter(|_| self.relu)
+    }
+
+    fn output_grad_masked(&mut self) {
+        self.grad_masked = self.relu;
     }
 
     fn backward_inputs(&mut self, dy: &Tensor, need_dx: bool) -> Result<Vec<Option<Tensor>>> {
         if !need_dx {
             return Ok(vec![None; self.inputs]);
         }
-        let dx = if self.relu {
+        let dx = if self.relu && !std::mem::take(&mut self.grad_masked) {
             relu_backward(cached(&self.output, "Add::backward")?, dy)?
         } else {
             dy.clone()

@@ -387,6 +387,19 @@ pub trait Layer: Send {
         None
     }
 
+    /// Where this layer's backward first masks its output gradient by the
+    /// sign of its output, in a pass of its own (a ReLU folded into an
+    /// `Add`): that output. A model summing the gradients of a forked output
+    /// then masks the sum in the same pass and calls
+    /// [`Layer::output_grad_masked`].
+    fn relu_mask(&self) -> Option<&Tensor> {
+        None
+    }
+
+    /// The next backward's output gradient comes masked by
+    /// [`Layer::relu_mask`] already. Forgotten at the next forward.
+    fn output_grad_masked(&mut self) {}
+
     /// What a step of `batch` samples of per-sample `input` asks of the conv
     /// kernels, for a layer that runs on them (its forward input coming as
     /// `step.input`), so the model can plan every conv ahead on all cores

@@ -13,6 +13,10 @@ const ADD_RELU_SHADER: &str = concat!(
     include_str!("../../shaders/ops/relu_bits.wgsl"),
     include_str!("../../shaders/ops/add_relu.wgsl")
 );
+const ADD_RELU_BACKWARD_SHADER: &str = concat!(
+    include_str!("../../shaders/ops/relu_bits.wgsl"),
+    include_str!("../../shaders/ops/add_relu_backward.wgsl")
+);
 const SCALE_SHADER: &str = include_str!("../../shaders/ops/scale.wgsl");
 
 /// `a + b` elementwise; both f32 of one shape on one device.
@@ -42,6 +46,31 @@ pub fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         return Tensor::from_f32(a.dims().to_vec(), sum, &a.device());
     }
     gpu_elementwise("add_relu", "main", ADD_RELU_SHADER, &[a, b], &[])
+}
+
+/// `a + b` where `y > 0`, else 0, in one pass: ReLU's gradient
+/// ([`relu_backward`](super::activation::relu_backward)`(y, a + b)`) of two
+/// gradients summed, as a model sums what a forked tensor receives before
+/// the ReLU folded into the layer it flows into. All f32 of one shape on one
+/// device; bit for bit the two passes' result.
+pub fn add_relu_backward(a: &Tensor, b: &Tensor, y: &Tensor) -> Result<Tensor> {
+    check_operands("add_relu_backward", &[a, b, y])?;
+    if let (Some(xs), Some(zs), Some(ys)) = (a.host_f32(), b.host_f32(), y.host_f32()) {
+        let dx = xs
+            .par_iter()
+            .zip(zs)
+            .zip(ys)
+            .map(|((&x, &z), &v)| if v > 0.0 { x + z } else { 0.0 })
+            .collect();
+        return Tensor::from_f32(a.dims().to_vec(), dx, &a.device());
+    }
+    gpu_elementwise(
+        "add_relu_backward",
+        "main",
+        ADD_RELU_BACKWARD_SHADER,
+        &[a, b, y],
+        &[],
+    )
 }
 
 /// `factor * x` elementwise; `factor` must be finite.
