@@ -25,7 +25,8 @@ mod xdg;
 
 use aether::conv::Padding;
 use aether::gpu::DevicePreference;
-use aether::nn::{Conv2d, Layer, Mode};
+use aether::conv::prepare_convs;
+use aether::nn::{Conv2d, Layer, Mode, StepKind};
 use aether::{AetherError, Device, Result, Tensor};
 
 const USAGE: &str = "usage: conv_passes [--convs v1|resnet18|airbench94] [--batch-size N] \
@@ -212,6 +213,17 @@ fn main() -> Result<()> {
             &device,
         )?;
         let train = Mode::Train { seed: 0, step: 0 };
+        // Planned as a model plans its first step: measured where
+        // AETHER_TUNE_CONVS=1 asks (src/conv/tune.rs).
+        let step = StepKind {
+            batch: n,
+            input: x.dtype(),
+            train: true,
+            input_grad: !first,
+        };
+        if let Some(work) = layer.conv_work(&[h, w, c_in], &step) {
+            prepare_convs(&ctx, &[work], 1)?;
+        }
         // Once each first: plans made, pipelines compiled, input kept.
         layer.forward(&x, train)?;
         layer.backward(&dy, !first)?;
