@@ -24,8 +24,8 @@
 mod xdg;
 
 use aether::conv::Padding;
-use aether::gpu::DevicePreference;
 use aether::conv::prepare_convs;
+use aether::gpu::DevicePreference;
 use aether::nn::{Conv2d, Layer, Mode, StepKind};
 use aether::{AetherError, Device, Result, Tensor};
 

@@ -30,7 +30,8 @@ pub struct ConvWork<'a> {
     /// The conv's geometry, batch included, and its parameters.
     pub meta: ConvShapeMeta,
     pub params: ConvParams,
-    /// The forward's input type (f16 where the layer before hands f16 over).
+    /// The input's type (f16 where the layer before hands f16 over), as the
+    /// forward and dweight read it.
     pub input: DType,
     /// The weights' operand type (the f16 shadow on the f16 variants).
     pub weights: DType,
@@ -68,7 +69,14 @@ impl ConvWork<'_> {
                     // The dinput task knows which reduce runs.
                     return Ok(());
                 }
-                compile_reduce(ctx, self.plans, &self.meta, operands, false, &tuning)
+                compile_reduce(
+                    ctx,
+                    self.plans,
+                    &self.meta,
+                    [self.input, operands],
+                    false,
+                    &tuning,
+                )
             }
             ConvDirection::DInput => {
                 let plan = self.plan_with(ctx, self.plans, direction, &tuning)?;
@@ -76,7 +84,14 @@ impl ConvWork<'_> {
                 // (as `Conv2d::backward` asks of `conv2d_dweight_into`).
                 let flip = plan.halo.is_some() && self.weights == DType::F16;
                 let tuning = ctx.plan_tuning(ConvDirection::DWeight, &self.meta);
-                compile_reduce(ctx, self.plans, &self.meta, operands, flip, &tuning)
+                compile_reduce(
+                    ctx,
+                    self.plans,
+                    &self.meta,
+                    [self.input, operands],
+                    flip,
+                    &tuning,
+                )
             }
         }
     }
@@ -96,7 +111,7 @@ impl ConvWork<'_> {
                 plan_forward(ctx, plans, &self.meta, self.input, self.weights, tuning)
             }
             ConvDirection::DWeight => {
-                plan_dweight(ctx, plans, &self.meta, operands, operands, tuning)
+                plan_dweight(ctx, plans, &self.meta, self.input, operands, tuning)
             }
             ConvDirection::DInput => plan_dinput(ctx, plans, &self.meta, self.weights, tuning),
         }
@@ -118,7 +133,14 @@ impl ConvWork<'_> {
             let make = || {
                 let plan = self.plan_with(ctx, &scratch, direction, &tuning)?;
                 if direction == ConvDirection::DWeight {
-                    compile_reduce(ctx, &scratch, &self.meta, operands, false, &tuning)?;
+                    compile_reduce(
+                        ctx,
+                        &scratch,
+                        &self.meta,
+                        [self.input, operands],
+                        false,
+                        &tuning,
+                    )?;
                 }
                 Ok::<_, AetherError>(plan)
             };

@@ -252,7 +252,7 @@ fn time(
             Box::new(move || conv2d_forward(&x, &w, &bias, &work.params, &plans).map(|_| ()))
         }
         ConvDirection::DWeight => {
-            let x = scratch(meta.input_dims(), operands)?;
+            let x = scratch(meta.input_dims(), work.input)?;
             let dy = scratch(meta.output_dims(), operands)?;
             Box::new(move || conv2d_dweight(&x, &dy, &work.params, &plans).map(|_| ()))
         }

@@ -2,8 +2,8 @@
 //! kernels. On a GPU whose best conv variant takes f16 operands, the forward and
 //! input-gradient kernels share the weights' f16 shadow: the one the optimizer's
 //! step wrote (`Layer::set_param_shadows`), else one cast once (before the first
-//! step, after a load). The backward casts dvalues and the input once for both
-//! gradient kernels.
+//! step, after a load). The backward casts dvalues once for both gradient
+//! kernels; dweight reads an f32 input as f32, converting while staging.
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use super::init::{dirac_leading_filters, he_normal};
 use super::{Layer, LayerSpec, Mode, Param, StepKind, batched_dims, cached, hwc, state_size};
 use crate::conv::{
     ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, ConvWork, Padding, cast_f16, cast_f16_kept,
-    conv_backward_cast_fp16, conv2d_forward,
+    conv2d_forward,
     dinput::{conv2d_dinput_flipped, flipped_filter_target},
     dweight::conv2d_dweight_into,
 };
@@ -240,15 +240,12 @@ impl Layer for Conv2d {
         let x = cached(&self.input, "Conv2d::backward")?.clone();
         let params = self.weights()?.params;
         let dims = x.shape().nhwc("Conv2d::backward input")?;
-        // Cast once here for both gradients (dweight and dinput would each cast
-        // dy otherwise): dy with x in one fused dispatch, or whichever of them
-        // came as f32 (a batch uploaded as f16, f16 activations and gradients).
-        let (dy, x) = match (dy.dtype(), x.dtype()) {
-            _ if !f16_kernels_first(x.gpu_context()) => (dy.clone(), x),
-            (DType::F32, DType::F32) => conv_backward_cast_fp16(dy, &x)?,
-            (DType::F32, _) => (cast_f16(dy, true)?, x),
-            (_, DType::F32) => (dy.clone(), cast_f16(&x, true)?),
-            _ => (dy.clone(), x),
+        // Cast dy once here for both gradients (dweight and dinput would each
+        // cast it otherwise). An f32 input goes as it is: dweight reads it as
+        // f32 and converts while staging, as the forward does.
+        let dy = match dy.dtype() {
+            DType::F32 if f16_kernels_first(x.gpu_context()) => cast_f16(dy, true)?,
+            _ => dy.clone(),
         };
         // Where dinput runs the halo kernel, dweight's reduce also writes the
         // flipped filter it reads: one dispatch fewer than its own flip.

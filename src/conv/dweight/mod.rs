@@ -40,7 +40,7 @@ const KERNEL: ConvKernel = ConvKernel {
         // The partial sums have K + 1 rows (the dbias row): never whole blocks.
         direct_c: None,
     }),
-    f32_inputs: &[],
+    f32_inputs: &["x"],
 };
 const REDUCE_SLICES: &str = include_str!("../../../shaders/conv/dweight/reduce.wgsl");
 const REDUCE: ConvKernel = ConvKernel {
@@ -147,8 +147,11 @@ pub(crate) fn conv2d_dweight_into(
     };
     let tuning = ctx.plan_tuning(ConvDirection::DWeight, &meta);
     let plan = plan_dweight(ctx, plans, &meta, x.dtype(), dy.dtype(), &tuning)?;
-    let pipeline = KERNEL
-        .pipeline(ctx, &plan, &meta)
+    // An f32 input is read as f32 and converted while staging (saturating,
+    // as the cast would): no cast dispatch. Should that pipeline fail to
+    // compile (announced), the input is cast.
+    let (pipeline, read_f32) = KERNEL
+        .pipeline_for_inputs(ctx, &plan, &meta, &[x.dtype() == DType::F32])
         .expect("planned variant compiled");
     let flip = match flip {
         Some((w, wt)) => {
@@ -171,6 +174,10 @@ pub(crate) fn conv2d_dweight_into(
             })?,
     };
     let (x_op, dy_op) = match (plan.variant.f16_operands(), x.dtype(), dy.dtype()) {
+        (true, DType::F32, _) if read_f32 => (
+            x.clone(),
+            gpu_operand("conv2d_dweight dvalues", dy, plan.variant)?,
+        ),
         (true, DType::F32, DType::F32) => {
             let (dy16, x16) = conv_backward_cast_fp16(dy, x)?;
             (x16, dy16)
@@ -237,7 +244,8 @@ pub(crate) fn plan_dweight(
     tuning: &ConvTuning,
 ) -> Result<ConvLaunchPlan> {
     plans.get_or_plan(ctx, ConvDirection::DWeight, meta, || {
-        plan_first(ctx, plans, &KERNEL, meta, &[], |variant| {
+        let x_f32 = [x == DType::F32];
+        plan_first(ctx, plans, &KERNEL, meta, &x_f32, |variant| {
             accepts_dtype(variant, x, &meta.input_dims())?;
             accepts_dtype(variant, dy, &meta.output_dims())?;
             let rows = meta.k + 1;
@@ -280,7 +288,11 @@ pub(crate) fn plan_dweight(
             // The halo kernel where it fits and compiles; should it fail to
             // compile (the pipeline cache has warned), the coop GEMM core.
             let halo = plan.with_dweight_halo(meta, ctx.caps(), tuning);
-            let compiles = || KERNEL.pipeline(ctx, &halo, meta).is_some();
+            let compiles = || {
+                KERNEL
+                    .pipeline_for_inputs(ctx, &halo, meta, &x_f32)
+                    .is_some()
+            };
             Ok(if halo != plan && compiles() {
                 halo
             } else {
@@ -297,11 +309,11 @@ pub(crate) fn compile_reduce(
     ctx: &GpuContext,
     plans: &ConvPlans,
     meta: &ConvShapeMeta,
-    operands: DType,
+    [x, dy]: [DType; 2],
     flip: bool,
     tuning: &ConvTuning,
 ) -> Result<()> {
-    let plan = plan_dweight(ctx, plans, meta, operands, operands, tuning)?;
+    let plan = plan_dweight(ctx, plans, meta, x, dy, tuning)?;
     let reduce = if flip { &REDUCE_FLIP } else { &REDUCE };
     // A failure has been announced; the step meets it again and reports it.
     let _ = reduce.pipeline(ctx, &plan, meta);
