@@ -39,6 +39,8 @@ use crate::tensor::{DType, Tensor};
 
 const UPDATE: &str = include_str!("../../shaders/optim/loss_scale_update.wgsl");
 const SATURATION: &str = include_str!("../../shaders/optim/saturation_check.wgsl");
+/// `WORDS_PER_INVOCATION` of saturation_check.wgsl.
+const SATURATION_WORDS_PER_INVOCATION: usize = 4;
 /// The largest scale a dynamic scaler grows to: beyond it a batch-mean loss
 /// gradient gains no f16 range, only overflow risk.
 pub const MAX_LOSS_SCALE: f32 = 16_777_216.0; // 2^24
@@ -202,12 +204,18 @@ impl LossScaler {
         } else {
             grad.numel()
         };
+        let invocations = words.div_ceil(SATURATION_WORDS_PER_INVOCATION);
         let (grid, row_stride) = flat_grid(
-            words,
+            invocations,
             256,
             ctx.caps().limits.max_compute_workgroups_per_dimension,
         );
-        let params = [grad.numel() as u32, row_stride, u32::from(half)];
+        let params = [
+            grad.numel() as u32,
+            row_stride,
+            u32::from(half),
+            invocations as u32,
+        ];
         ctx.dispatch(
             "loss_scale_saturation",
             &*pipeline(ctx, "loss_scale_saturation", SATURATION)?,
@@ -305,4 +313,56 @@ fn pipeline(
 
 fn gpu_slice(t: &Tensor) -> crate::gpu::GpuSlice<'_> {
     t.gpu_slice().expect("checked to be on the GPU")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{DevicePreference, GpuOptions};
+
+    /// The saturation check on every word of odd-length f32 and f16
+    /// gradients (the last invocation's rounds ending mid-way, the last f16
+    /// word holding one value): a value at the limit anywhere raises the
+    /// flag, values just under it (65472 and 65488, which rounds to it) do
+    /// not. Skipped without a GPU adapter.
+    #[test]
+    fn the_saturation_check_sees_every_position_of_odd_lengths() {
+        let Ok(device) = Device::with_preference(DevicePreference::Gpu, &GpuOptions::default())
+        else {
+            eprintln!("[aether-test] SKIP: no GPU adapter");
+            return;
+        };
+        let mut scaler = LossScaler::new(LossScale::Static(1.0), true, &device)
+            .unwrap()
+            .expect("a static scale");
+        for len in [1, 7, 4 * 256 + 3, 2 * 4 * 257 + 5] {
+            let safe: Vec<f32> = (0..len)
+                .map(|i| if i % 2 == 0 { 65488.0 } else { -65472.0 })
+                .collect();
+            for dtype in [DType::F32, DType::F16] {
+                let gradient = |values: &[f32]| match dtype {
+                    DType::F16 => Tensor::from_f32_as_f16(vec![len], values, &device).unwrap(),
+                    _ => Tensor::from_f32(vec![len], values.to_vec(), &device).unwrap(),
+                };
+                scaler.check_saturation(&gradient(&safe)).unwrap();
+                assert!(
+                    !scaler.take_overflow().unwrap(),
+                    "{dtype:?} {len}: nothing at the limit"
+                );
+                let positions = [0, len / 2, len.saturating_sub(2), len - 1];
+                for (at, bad) in positions
+                    .into_iter()
+                    .zip([65504.0, -1e6, f32::INFINITY, f32::NAN])
+                {
+                    let mut values = safe.clone();
+                    values[at] = bad;
+                    scaler.check_saturation(&gradient(&values)).unwrap();
+                    assert!(
+                        scaler.take_overflow().unwrap(),
+                        "{dtype:?} {len}: {bad} at {at} not seen"
+                    );
+                }
+            }
+        }
+    }
 }
