@@ -187,12 +187,15 @@ fn read(path: &Path) -> Result<Option<Chosen>, String> {
     }
 }
 
-/// The file's key of `direction` at `meta` (batch included: the best plan
-/// depends on how many blocks there are).
+/// The file's key of `direction` at `meta`: the geometry, and the batch
+/// rounded up to a power of two (the best plan depends on how many blocks
+/// there are, but an epoch's last partial batch or an evaluation batch
+/// should not each be measured again). A tuning is a set of knobs, not a
+/// plan: the planner applies it to the exact shape.
 fn key(direction: ConvDirection, meta: &ConvShapeMeta) -> String {
     format!(
-        "{direction:?} {}x{}x{}x{} to {} filter {}x{} stride {}x{} pad {}x{} dilation {}x{}",
-        meta.n,
+        "{direction:?} batch {} {}x{}x{} to {} filter {}x{} stride {}x{} pad {}x{} dilation {}x{}",
+        meta.n.next_power_of_two(),
         meta.h,
         meta.w,
         meta.c_in,
