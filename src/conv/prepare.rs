@@ -35,7 +35,8 @@ pub struct ConvWork<'a> {
     pub input: DType,
     /// The weights' operand type (the f16 shadow on the f16 variants).
     pub weights: DType,
-    /// The backward's operand type, where the step trains; `None` for a
+    /// The type of the output gradient as the backward's kernels take it
+    /// (cast to f16 on the f16 variants), where the step trains; `None` for a
     /// forward alone.
     pub backward: Option<DType>,
     /// Whether the backward computes the input gradient (dinput).
