@@ -213,8 +213,8 @@ fn key(direction: ConvDirection, meta: &ConvShapeMeta) -> String {
 
 /// Times each candidate of `work`'s `direction` (a tuning and the plan it
 /// made, the rule's first) at its shape, and keeps the fastest's tuning in
-/// `ctx`. A candidate that fails to run is left out; where none runs, the
-/// rule's is kept.
+/// `ctx`. A candidate that fails to run is left out; where none runs, that
+/// is announced, nothing is kept, and the rule plans.
 pub(crate) fn choose(
     ctx: &Arc<GpuContext>,
     work: &ConvWork<'_>,
@@ -222,16 +222,30 @@ pub(crate) fn choose(
     candidates: &[(ConvTuning, ConvLaunchPlan)],
 ) {
     let mut best: Option<(f64, &ConvTuning)> = None;
+    let mut failures = Vec::new();
     for (tuning, plan) in candidates {
-        let Ok(nanos) = time(ctx, work, direction, plan) else {
-            continue;
-        };
-        if best.is_none_or(|(fastest, _)| nanos < fastest) {
-            best = Some((nanos, tuning));
+        match time(ctx, work, direction, plan) {
+            Ok(nanos) if best.is_none_or(|(fastest, _)| nanos < fastest) => {
+                best = Some((nanos, tuning));
+            }
+            Ok(_) => {}
+            Err(e) => failures.push(e.to_string()),
         }
     }
-    let chosen = best.map_or_else(ConvTuning::default, |(_, t)| t.clone());
-    ctx.tuned_plans().keep(direction, &work.meta, &chosen);
+    let Some((_, chosen)) = best else {
+        // Nothing kept: a later process measures again.
+        warn_once(
+            &format!("tune:{direction:?}:{:?}", work.meta.key()),
+            &format!(
+                "no candidate plan of the {direction:?} conv on {:?} could be timed; the \
+                 planner's rule stays: {}",
+                work.meta.key(),
+                failures.join("; ")
+            ),
+        );
+        return;
+    };
+    ctx.tuned_plans().keep(direction, &work.meta, chosen);
 }
 
 /// GPU nanoseconds of one call of `direction` with `plan` on `work`'s shape
@@ -281,5 +295,14 @@ fn time(
         };
         fastest = fastest.min(nanos / CALLS as f64);
     }
-    Ok(fastest)
+    // A span that timed nothing (or a clock that did not move) says nothing
+    // of the candidate: it must not win.
+    if fastest.is_finite() && fastest > 0.0 {
+        Ok(fastest)
+    } else {
+        Err(AetherError::Gpu {
+            during: "timing a conv plan",
+            message: format!("{direction:?} on {:?} timed {fastest} ns", meta.key()),
+        })
+    }
 }
