@@ -1143,14 +1143,14 @@ impl Model {
     }
 
     fn plan_convs_for(&mut self, batch: usize, input_dtype: DType, train: bool) -> Result<()> {
-        let Some(ctx) = self.device.gpu_context().cloned() else {
-            return Ok(());
-        };
-        let input_shape = self.input_shape()?.to_vec();
         let key = (batch, input_dtype, train);
         if self.convs_planned.contains(&key) {
             return Ok(());
         }
+        let Some(ctx) = self.device.gpu_context().cloned() else {
+            return Ok(());
+        };
+        let input_shape = self.input_shape()?.to_vec();
         let work: Vec<_> = (0..self.layers.len())
             .filter(|&i| !self.is_folded(i))
             .filter_map(|i| {
