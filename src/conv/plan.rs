@@ -169,14 +169,17 @@ impl ConvPlans {
     }
 
     /// The cached plan for `(direction, meta)` on `ctx`, or the one `plan`
-    /// makes now. Plans are kept per context: one made for another adapter
-    /// (or the same adapter with other options) may not compile here.
+    /// makes now with `tuning`, or where `None` the context's
+    /// ([`GpuContext::plan_tuning`], looked up only on a miss: a cached plan
+    /// costs one lookup). Plans are kept per context: one made for another
+    /// adapter (or the same adapter with other options) may not compile here.
     pub(crate) fn get_or_plan(
         &self,
         ctx: &GpuContext,
         direction: ConvDirection,
         meta: &ConvShapeMeta,
-        plan: impl FnOnce() -> Result<ConvLaunchPlan>,
+        tuning: Option<&ConvTuning>,
+        plan: impl FnOnce(&ConvTuning) -> Result<ConvLaunchPlan>,
     ) -> Result<ConvLaunchPlan> {
         let key = (ctx.id(), direction, *meta);
         if let Some(p) = self
@@ -187,7 +190,10 @@ impl ConvPlans {
         {
             return Ok(*p);
         }
-        let made = plan()?;
+        let made = match tuning {
+            Some(tuning) => plan(tuning)?,
+            None => plan(&ctx.plan_tuning(direction, meta))?,
+        };
         self.plans
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -56,65 +56,53 @@ impl ConvWork<'_> {
         directions
     }
 
-    /// Makes the plan of `direction` (compiling its pipelines), or finds it made.
+    /// Makes the plan of `direction` with the context's tuning (compiling its
+    /// pipelines), or finds it made.
     fn plan(&self, ctx: &GpuContext, direction: ConvDirection) -> Result<()> {
-        let tuning = ctx.plan_tuning(direction, &self.meta);
-        let operands = self.backward.unwrap_or(self.weights);
-        match direction {
-            ConvDirection::Forward => self
-                .plan_with(ctx, self.plans, direction, &tuning)
-                .map(|_| ()),
-            ConvDirection::DWeight => {
-                self.plan_with(ctx, self.plans, direction, &tuning)?;
-                if self.input_grad {
-                    // The dinput task knows which reduce runs.
-                    return Ok(());
-                }
-                compile_reduce(
-                    ctx,
-                    self.plans,
-                    &self.meta,
-                    [self.input, operands],
-                    false,
-                    &tuning,
-                )
-            }
-            ConvDirection::DInput => {
-                let plan = self.plan_with(ctx, self.plans, direction, &tuning)?;
-                // The reduce also flips the filter for the f16 halo kernel
-                // (as `Conv2d::backward` asks of `conv2d_dweight_into`).
-                let flip = plan.halo.is_some() && self.weights == DType::F16;
-                let tuning = ctx.plan_tuning(ConvDirection::DWeight, &self.meta);
-                compile_reduce(
-                    ctx,
-                    self.plans,
-                    &self.meta,
-                    [self.input, operands],
-                    flip,
-                    &tuning,
-                )
-            }
-        }
+        let plan = self.plan_with(ctx, self.plans, direction, None)?;
+        let flip = match direction {
+            ConvDirection::Forward => return Ok(()),
+            // The dinput task knows which reduce runs.
+            ConvDirection::DWeight if self.input_grad => return Ok(()),
+            ConvDirection::DWeight => false,
+            // The reduce also flips the filter for the f16 halo kernel (as
+            // `Conv2d::backward` asks of `conv2d_dweight_into`).
+            ConvDirection::DInput => plan.halo.is_some() && self.weights == DType::F16,
+        };
+        compile_reduce(
+            ctx,
+            self.plans,
+            &self.meta,
+            self.dweight_operands(),
+            flip,
+            None,
+        )
     }
 
-    /// The plan of `direction` with `tuning`, made into `plans` (compiling
-    /// its kernel), or found there.
+    /// The types of dweight's operands (input, output gradient).
+    fn dweight_operands(&self) -> [DType; 2] {
+        [self.input, self.backward.unwrap_or(self.weights)]
+    }
+
+    /// The plan of `direction` with `tuning` (`None`: the context's), made
+    /// into `plans` (compiling its kernel), or found there.
     fn plan_with(
         &self,
         ctx: &GpuContext,
         plans: &ConvPlans,
         direction: ConvDirection,
-        tuning: &ConvTuning,
+        tuning: Option<&ConvTuning>,
     ) -> Result<ConvLaunchPlan> {
-        let operands = self.backward.unwrap_or(self.weights);
+        let meta = &self.meta;
         match direction {
             ConvDirection::Forward => {
-                plan_forward(ctx, plans, &self.meta, self.input, self.weights, tuning)
+                plan_forward(ctx, plans, meta, self.input, self.weights, tuning)
             }
             ConvDirection::DWeight => {
-                plan_dweight(ctx, plans, &self.meta, self.input, operands, tuning)
+                let [x, dy] = self.dweight_operands();
+                plan_dweight(ctx, plans, meta, x, dy, tuning)
             }
-            ConvDirection::DInput => plan_dinput(ctx, plans, &self.meta, self.weights, tuning),
+            ConvDirection::DInput => plan_dinput(ctx, plans, meta, self.weights, tuning),
         }
     }
 
@@ -127,21 +115,14 @@ impl ConvWork<'_> {
         ctx: &GpuContext,
         direction: ConvDirection,
     ) -> Vec<(ConvTuning, ConvLaunchPlan)> {
-        let operands = self.backward.unwrap_or(self.weights);
         let mut found: Vec<(ConvTuning, ConvLaunchPlan)> = Vec::new();
         for (i, tuning) in tune::candidates(direction).into_iter().enumerate() {
             let scratch = ConvPlans::new();
             let make = || {
-                let plan = self.plan_with(ctx, &scratch, direction, &tuning)?;
+                let plan = self.plan_with(ctx, &scratch, direction, Some(&tuning))?;
                 if direction == ConvDirection::DWeight {
-                    compile_reduce(
-                        ctx,
-                        &scratch,
-                        &self.meta,
-                        [self.input, operands],
-                        false,
-                        &tuning,
-                    )?;
+                    let operands = self.dweight_operands();
+                    compile_reduce(ctx, &scratch, &self.meta, operands, false, Some(&tuning))?;
                 }
                 Ok::<_, AetherError>(plan)
             };
@@ -186,6 +167,8 @@ pub fn prepare_convs(ctx: &Arc<GpuContext>, work: &[ConvWork<'_>], threads: usiz
                 tune::choose(ctx, w, *d, &candidates);
             }
         }
+        // One write for all the tunings this step measured.
+        ctx.tuned_plans().save();
     }
     on_threads(&tasks, threads, |(w, d)| w.plan(ctx, *d))
         .into_iter()

@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -94,6 +95,8 @@ pub fn candidates(direction: ConvDirection) -> Vec<ConvTuning> {
 pub(crate) struct TunedPlans {
     file: Option<PathBuf>,
     chosen: Mutex<Chosen>,
+    /// Tunings were kept since the file was last written.
+    unsaved: AtomicBool,
 }
 
 /// Per direction and shape ([`key`]), each tuning variable's value.
@@ -117,33 +120,57 @@ impl TunedPlans {
         Self {
             file,
             chosen: Mutex::new(chosen),
+            unsaved: AtomicBool::new(false),
         }
     }
 
     /// The tuning measured fastest for `direction` at `meta`, if any.
     pub(crate) fn get(&self, direction: ConvDirection, meta: &ConvShapeMeta) -> Option<ConvTuning> {
+        let key = key(direction, meta);
         let chosen = self.chosen.lock().unwrap_or_else(|e| e.into_inner());
-        let values = chosen.get(&key(direction, meta))?;
-        values
+        let values = chosen.get(&key)?;
+        let tuning = values
             .iter()
             .try_fold(ConvTuning::default(), |t, (var, value)| {
                 t.set(var, value.as_str())
-            })
-            .ok()
+            });
+        match tuning {
+            Ok(tuning) => Some(tuning),
+            Err(e) => {
+                // Measured again, and the entry replaced.
+                warn_once(
+                    &format!("tuned-plans-entry:{key}"),
+                    &format!("ignoring the measured conv plan for {key}: {e}"),
+                );
+                None
+            }
+        }
     }
 
-    /// Keeps `tuning` for `direction` at `meta`, and writes the file (whole,
-    /// replacing the old one only once written).
+    /// Keeps `tuning` for `direction` at `meta`, in memory until
+    /// [`TunedPlans::save`].
     fn keep(&self, direction: ConvDirection, meta: &ConvShapeMeta, tuning: &ConvTuning) {
-        let mut chosen = self.chosen.lock().unwrap_or_else(|e| e.into_inner());
         let values = tuning
             .values()
             .map(|(var, value)| (var.to_owned(), value.to_owned()))
             .collect();
-        chosen.insert(key(direction, meta), values);
+        self.chosen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key(direction, meta), values);
+        self.unsaved.store(true, Ordering::Relaxed);
+    }
+
+    /// Writes the file, whole (replacing the old one only once written), if
+    /// anything was kept since it was last written.
+    pub(crate) fn save(&self) {
         let Some(path) = &self.file else {
             return;
         };
+        if !self.unsaved.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        let chosen = self.chosen.lock().unwrap_or_else(|e| e.into_inner());
         let bytes = serde_json::to_vec_pretty(&*chosen).expect("strings serialise");
         let written = match path.parent() {
             Some(dir) => std::fs::create_dir_all(dir).map_err(|source| AetherError::Io {
@@ -213,7 +240,7 @@ fn key(direction: ConvDirection, meta: &ConvShapeMeta) -> String {
 
 /// Times each candidate of `work`'s `direction` (a tuning and the plan it
 /// made, the rule's first) at its shape, and keeps the fastest's tuning in
-/// `ctx`. A candidate that fails to run is left out; where none runs, that
+/// `ctx` (written to its file by [`TunedPlans::save`]). A candidate that fails to run is left out; where none runs, that
 /// is announced, nothing is kept, and the rule plans.
 pub(crate) fn choose(
     ctx: &Arc<GpuContext>,

@@ -82,15 +82,16 @@ pub(crate) fn flipped_filter_target(
 }
 
 /// dinput's plan for `meta` with weights of type `w`, made (and its pipelines
-/// compiled) on first use.
+/// compiled) on first use with `tuning` (`None`: the context's, see
+/// [`ConvPlans::get_or_plan`]).
 pub(crate) fn plan_dinput(
     ctx: &GpuContext,
     plans: &ConvPlans,
     meta: &ConvShapeMeta,
     w: DType,
-    tuning: &ConvTuning,
+    tuning: Option<&ConvTuning>,
 ) -> Result<ConvLaunchPlan> {
-    plans.get_or_plan(ctx, ConvDirection::DInput, meta, || {
+    plans.get_or_plan(ctx, ConvDirection::DInput, meta, tuning, |tuning| {
         // The largest residue class has ceil(H / stride) x ceil(W / stride) rows per image.
         let class_rows = meta.n * meta.h.div_ceil(meta.stride_h) * meta.w.div_ceil(meta.stride_w);
         let classes = meta.stride_h * meta.stride_w;
@@ -117,8 +118,7 @@ fn halo_plan(
     w: &Tensor,
     plans: &ConvPlans,
 ) -> Result<Option<ConvLaunchPlan>> {
-    let tuning = ctx.plan_tuning(ConvDirection::DInput, meta);
-    let plan = plan_dinput(ctx, plans, meta, w.dtype(), &tuning)?;
+    let plan = plan_dinput(ctx, plans, meta, w.dtype(), None)?;
     Ok(plan.halo.is_some().then_some(plan))
 }
 
@@ -167,8 +167,7 @@ pub fn conv2d_dinput_flipped(
         let dx = dinput_cpu(&meta, &host_values(dy)?, &host_values(w)?);
         return Tensor::from_f32(input_dims.to_vec(), dx, &dy.device());
     };
-    let tuning = ctx.plan_tuning(ConvDirection::DInput, &meta);
-    let plan = plan_dinput(ctx, plans, &meta, w.dtype(), &tuning)?;
+    let plan = plan_dinput(ctx, plans, &meta, w.dtype(), None)?;
     let dy_op = gpu_operand("conv2d_dinput dvalues", dy, plan.variant)?;
     let w_op = gpu_operand("conv2d_dinput weight", w, plan.variant)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims)?, DType::F32)?;

@@ -145,8 +145,7 @@ pub(crate) fn conv2d_dweight_into(
             false,
         ));
     };
-    let tuning = ctx.plan_tuning(ConvDirection::DWeight, &meta);
-    let plan = plan_dweight(ctx, plans, &meta, x.dtype(), dy.dtype(), &tuning)?;
+    let plan = plan_dweight(ctx, plans, &meta, x.dtype(), dy.dtype(), None)?;
     // An f32 input is read as f32 and converted while staging (saturating,
     // as the cast would): no cast dispatch. Should that pipeline fail to
     // compile (announced), the input is cast.
@@ -233,17 +232,18 @@ pub(crate) fn conv2d_dweight_into(
 }
 
 /// dweight's plan for `meta` with operands of these types, made (and its
-/// pipeline compiled) on first use: the split of the reduction over
-/// workgroups, and the halo kernel where it fits and compiles.
+/// pipeline compiled) on first use with `tuning` (`None`: the context's, see
+/// [`ConvPlans::get_or_plan`]): the split of the reduction over workgroups,
+/// and the halo kernel where it fits and compiles.
 pub(crate) fn plan_dweight(
     ctx: &GpuContext,
     plans: &ConvPlans,
     meta: &ConvShapeMeta,
     x: DType,
     dy: DType,
-    tuning: &ConvTuning,
+    tuning: Option<&ConvTuning>,
 ) -> Result<ConvLaunchPlan> {
-    plans.get_or_plan(ctx, ConvDirection::DWeight, meta, || {
+    plans.get_or_plan(ctx, ConvDirection::DWeight, meta, tuning, |tuning| {
         let x_f32 = [x == DType::F32];
         plan_first(ctx, plans, &KERNEL, meta, &x_f32, |variant| {
             accepts_dtype(variant, x, &meta.input_dims())?;
@@ -311,7 +311,7 @@ pub(crate) fn compile_reduce(
     meta: &ConvShapeMeta,
     [x, dy]: [DType; 2],
     flip: bool,
-    tuning: &ConvTuning,
+    tuning: Option<&ConvTuning>,
 ) -> Result<()> {
     let plan = plan_dweight(ctx, plans, meta, x, dy, tuning)?;
     let reduce = if flip { &REDUCE_FLIP } else { &REDUCE };

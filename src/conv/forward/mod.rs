@@ -73,8 +73,7 @@ pub fn conv2d_forward(
     // An f32 input is read as f32 and converted while staging: no cast dispatch.
     // Should that pipeline fail to compile (announced), the input is cast.
     let x_f32 = [x.dtype() == DType::F32];
-    let tuning = ctx.plan_tuning(ConvDirection::Forward, &meta);
-    let plan = plan_forward(ctx, plans, &meta, x.dtype(), w.dtype(), &tuning)?;
+    let plan = plan_forward(ctx, plans, &meta, x.dtype(), w.dtype(), None)?;
     // The plan was checked with this shape's input dtype; another dtype may need
     // a pipeline that has not been compiled yet, which could still fail.
     let (pipeline, read_f32) = KERNEL
@@ -102,18 +101,19 @@ pub fn conv2d_forward(
 }
 
 /// The forward's plan for `meta` with operands of these types, made (and its
-/// pipeline compiled) on first use: the halo kernel where it fits and
-/// compiles, else the first GEMM-core variant that does.
+/// pipeline compiled) on first use with `tuning` (`None`: the context's, see
+/// [`ConvPlans::get_or_plan`]): the halo kernel where it fits and compiles,
+/// else the first GEMM-core variant that does.
 pub(crate) fn plan_forward(
     ctx: &GpuContext,
     plans: &ConvPlans,
     meta: &ConvShapeMeta,
     x: DType,
     w: DType,
-    tuning: &ConvTuning,
+    tuning: Option<&ConvTuning>,
 ) -> Result<ConvLaunchPlan> {
     let x_f32 = [x == DType::F32];
-    plans.get_or_plan(ctx, ConvDirection::Forward, meta, || {
+    plans.get_or_plan(ctx, ConvDirection::Forward, meta, tuning, |tuning| {
         plan_first(ctx, plans, &KERNEL, meta, &x_f32, |variant| {
             accepts_dtype(variant, x, &meta.input_dims())?;
             accepts_dtype(variant, w, &meta.weight_dims())?;
