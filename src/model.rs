@@ -1176,9 +1176,11 @@ impl Model {
             })
             .collect();
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        crate::conv::prepare_convs(&ctx, &work, threads)?;
+        let prepared = crate::conv::prepare_convs(&ctx, &work, threads);
+        // Not again for this batch, failed or not: a plan that failed here
+        // fails in the step, which reports it with its layer.
         self.convs_planned.push(key);
-        Ok(())
+        prepared
     }
 
     /// Runs every layer's backward in reverse order from `grad`, the loss's
