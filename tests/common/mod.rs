@@ -145,6 +145,11 @@ impl Rng {
         Self { state: seed, seed }
     }
 
+    /// Seeded from `seed`, for a draw that a seed names (not reported).
+    pub fn seeded(seed: u64) -> Self {
+        Self { state: seed, seed }
+    }
+
     pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.state;
