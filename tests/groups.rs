@@ -66,7 +66,10 @@ fn check_step(model: &mut Model, x: &[f32], y: &[u32], scales: impl Fn(&str) -> 
         }
         let err = (diff / norm.max(1e-30)).sqrt();
         let bound = 1e-5 + (rounding / norm.max(1e-30)).sqrt();
-        assert!(err < bound, "{name}: update off by {err:e} (bound {bound:e})");
+        assert!(
+            err < bound,
+            "{name}: update off by {err:e} (bound {bound:e})"
+        );
     }
 }
 
@@ -242,7 +245,10 @@ test_device!(
             // As check_step: 1e-5 plus the f32 rounding of the stored weight.
             let err = (diff / norm.max(1e-30)).sqrt();
             let bound = 1e-5 + (rounding / norm.max(1e-30)).sqrt();
-            assert!(err < bound, "{name}: update off by {err:e} (bound {bound:e})");
+            assert!(
+                err < bound,
+                "{name}: update off by {err:e} (bound {bound:e})"
+            );
         }
     }
 );
