@@ -9,163 +9,9 @@
 
 mod common;
 
-use aether::conv::Padding;
-use aether::model::{Loss, Metric};
-use aether::nn::{
-    Add, AvgPool2d, BatchNorm, Concat, Conv2d, Dense, Flatten, GELU, GlobalAvgPool, GlobalMaxPool,
-    Identity, LeakyReLU, MaxPool2d, ReLU, SiLU,
-};
-use aether::optim::Adam;
-use aether::{AetherError, Device, Graph, Model, NodeId};
+use aether::{AetherError, Device, Model};
+use common::drawn::{Scale, drawn};
 use common::{Rng, report};
-
-/// A node of the drawn graph and its output's `[h, w, c]`.
-#[derive(Clone, Copy)]
-struct Node {
-    id: NodeId,
-    shape: [usize; 3],
-}
-
-/// The graph drawn from `seed`, its per-sample input shape and class count.
-/// Shapes are tracked here only to keep the draw mostly valid (adds of equal
-/// shapes, convs that fit); the model checks them itself.
-fn drawn(seed: u64) -> (Model, [usize; 3], usize, String) {
-    let mut rng = Rng::seeded(seed);
-    let mut pick = |n: usize| (rng.next_u64() % n as u64) as usize;
-    let input = [5 + pick(8), 5 + pick(8), [1, 2, 3, 5][pick(4)]];
-    let classes = 2 + pick(9);
-    let mut g = Graph::new();
-    let mut text = format!("input {input:?}");
-    let mut nodes = vec![Node {
-        id: g.input(),
-        shape: input,
-    }];
-    let blocks = 2 + pick(3);
-    for _ in 0..blocks {
-        let from = nodes[nodes.len() - 1];
-        let [h, w, _] = from.shape;
-        let kernels: Vec<(usize, usize)> = [(1, 1), (3, 3), (5, 5), (3, 1), (1, 3), (2, 2), (7, 7)]
-            .into_iter()
-            .filter(|&(r, s)| r <= h && s <= w)
-            .collect();
-        let kernel = kernels[pick(kernels.len())];
-        let stride = if h >= 6 && w >= 6 && pick(3) == 0 {
-            (2, 2)
-        } else {
-            (1, 1 + pick(2).min(w / 6))
-        };
-        let (padding, pad) = match pick(3) {
-            0 => (
-                Padding::Same,
-                ((kernel.0 - 1) / 2 * 2, (kernel.1 - 1) / 2 * 2),
-            ),
-            1 => (Padding::Valid, (0, 0)),
-            _ => {
-                let (t, b, l, r) = (pick(2), pick(3), pick(2), pick(2));
-                (
-                    Padding::Explicit {
-                        top: t,
-                        bottom: b,
-                        left: l,
-                        right: r,
-                    },
-                    (t + b, l + r),
-                )
-            }
-        };
-        let filters = [3, 4, 8, 12, 16, 24][pick(6)];
-        let bias = pick(2) == 0;
-        let out_h = (h + pad.0 - kernel.0) / stride.0 + 1;
-        let out_w = (w + pad.1 - kernel.1) / stride.1 + 1;
-        text += &format!(
-            " | conv {filters} {kernel:?} s{stride:?} {padding:?} bias {bias} -> {out_h}x{out_w}"
-        );
-        let conv = Conv2d::new(filters, kernel, padding)
-            .stride(stride)
-            .bias(bias);
-        let mut node = Node {
-            id: g.add(conv, &[from.id]),
-            shape: [out_h, out_w, filters],
-        };
-        if pick(3) != 0 {
-            let scale = pick(4) != 0;
-            text += &format!(" bn(scale {scale})");
-            node.id = g.add(BatchNorm::new(0.9, 1e-5).scale(scale), &[node.id]);
-        }
-        // A residual add onto an earlier node of the same shape, or a concat
-        // with one of the same spatial size.
-        let partner = nodes.iter().rev().find(|n| n.shape == node.shape).copied();
-        let beside = nodes
-            .iter()
-            .rev()
-            .find(|n| n.shape[..2] == node.shape[..2] && n.id != node.id)
-            .copied();
-        match (pick(3), partner, beside) {
-            (0, Some(p), _) => {
-                text += " add";
-                node.id = g.add(Add::default(), &[node.id, p.id]);
-            }
-            (1, _, Some(b)) => {
-                text += &format!(" concat +{}", b.shape[2]);
-                node.id = g.add(Concat::default(), &[node.id, b.id]);
-                node.shape[2] += b.shape[2];
-            }
-            _ => {}
-        }
-        let activation = pick(5);
-        text += [" relu", " leaky", " gelu", " silu", " identity"][activation];
-        node.id = match activation {
-            0 => g.add(ReLU::default(), &[node.id]),
-            1 => g.add(LeakyReLU::new(0.1), &[node.id]),
-            2 => g.add(GELU::default(), &[node.id]),
-            3 => g.add(SiLU::default(), &[node.id]),
-            _ => g.add(Identity, &[node.id]),
-        };
-        let [h, w, c] = node.shape;
-        if h >= 4 && w >= 4 && pick(3) == 0 {
-            let (pool, stride) = ([(2, 2), (3, 3), (2, 3)][pick(3)], (2, 1 + pick(2)));
-            let max = pick(2) == 0;
-            text += &format!(
-                " {}pool {pool:?} s{stride:?}",
-                if max { "max" } else { "avg" }
-            );
-            node.id = if max {
-                g.add(MaxPool2d::new(pool, stride, Padding::Valid), &[node.id])
-            } else {
-                g.add(AvgPool2d::new(pool, stride, Padding::Valid), &[node.id])
-            };
-            node.shape = [(h - pool.0) / stride.0 + 1, (w - pool.1) / stride.1 + 1, c];
-        }
-        nodes.push(node);
-    }
-    let last = nodes[nodes.len() - 1].id;
-    let head = match pick(3) {
-        0 => {
-            text += " | global avg";
-            g.add(GlobalAvgPool::default(), &[last])
-        }
-        1 => {
-            text += " | global max";
-            g.add(GlobalMaxPool::default(), &[last])
-        }
-        _ => {
-            text += " | flatten";
-            last
-        }
-    };
-    let flat = g.add(Flatten::default(), &[head]);
-    g.add(Dense::new(classes), &[flat]);
-    text += &format!(" | dense {classes}");
-    let mut model = Model::from_graph(g).seed(seed);
-    model.configure(
-        Loss::SoftmaxCrossEntropy {
-            label_smoothing: 0.1,
-        },
-        Adam::adamw(1e-3, 0.01),
-        Metric::CategoricalAccuracy,
-    );
-    (model, input, classes, text)
-}
 
 /// Per tensor, `got`'s distance from `want` relative to `want`'s norm, or to
 /// 2% of the whole gradient's where a tensor's own is below that: some
@@ -199,7 +45,7 @@ fn norm_rel(got: &[f32], want: &[f32]) -> f64 {
 /// (a typed error naming the shape: the draw may make a conv larger than its
 /// input).
 fn built(seed: u64, device: &Device) -> Option<(Model, [usize; 3], usize, String)> {
-    let (mut model, input, classes, text) = drawn(seed);
+    let (mut model, input, classes, text) = drawn(seed, &Scale::SMALL);
     model.to(device).unwrap();
     match model.finalize(&input) {
         Ok(()) => Some((model, input, classes, text)),

@@ -4,8 +4,10 @@
 //   p -= decay_lr * lr * decay * p             (AdamW: lr * weight_decay; Adam: 0)
 //   p -= lr_t * lr * m / (sqrt(v) + eps)       (lr_t carries the bias correction)
 // with `decay` and `lr` the segment's group multipliers (the decay scales
-// with the group's rate, as PyTorch's AdamW takes its group's lr). m is
-// state[i], v is state[len + i].
+// with the group's rate, as PyTorch's AdamW takes its group's lr).
+
+@group(0) @binding(5) var<storage, read_write> m: array<f32>;
+@group(0) @binding(6) var<storage, read_write> v: array<f32>;
 
 struct Params {
     len: u32,
@@ -31,10 +33,10 @@ fn update(i: u32) -> bool {
     }
     var p = params[i];
     let g = true_grad(i, seg, p);
-    let m_new = step.beta1 * state[i] + (1.0 - step.beta1) * g;
-    let v_new = step.beta2 * state[step.len + i] + (1.0 - step.beta2) * g * g;
-    state[i] = m_new;
-    state[step.len + i] = v_new;
+    let m_new = step.beta1 * m[i] + (1.0 - step.beta1) * g;
+    let v_new = step.beta2 * v[i] + (1.0 - step.beta2) * g * g;
+    m[i] = m_new;
+    v[i] = v_new;
     p = p - step.decay_lr * seg.lr * seg.decay * p;
     params[i] = p - step.lr_t * seg.lr * m_new / (sqrt(v_new) + step.eps);
     return true;

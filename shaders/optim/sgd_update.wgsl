@@ -5,7 +5,9 @@
 //   g  = g + momentum * b  (nesterov)   or   g = b   (momentum > 0)
 //   p -= lr * lr_mult * g
 // with `decay` and `lr_mult` the segment's group multipliers. b is state[i];
-// without momentum the state is not touched.
+// without momentum the state (then one element) is not touched.
+
+@group(0) @binding(5) var<storage, read_write> state: array<f32>;
 
 struct Params {
     len: u32,

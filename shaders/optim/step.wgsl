@@ -1,7 +1,6 @@
 // An optimizer's fused update (update_common.wgsl and the optimizer's
-// `update`) over the packed parameters.
-
-@group(0) @binding(6) var<uniform> step: Params;
+// `update`) over the packed parameters. `step`, the uniform, is declared
+// before this by optim/packed.rs, at the binding after the update's state.
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

@@ -2,10 +2,9 @@
 // `update`) that also writes each updated parameter as f16 into a packed
 // mirror, the operand of the f16 conv kernels, so no cast runs before the next
 // forward. The conversion is conv/f16_bits.wgsl's, so the mirror has the bits
-// `cast_f16` would give. (The source starts with `enable f16;`.)
-
-@group(0) @binding(6) var<storage, read_write> params_f16: array<f16>;
-@group(0) @binding(7) var<uniform> step: Params;
+// `cast_f16` would give. (The source starts with `enable f16;`.) The mirror
+// `params_f16` and the uniform `step` are declared before this by
+// optim/packed.rs, at the bindings after the update's state.
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

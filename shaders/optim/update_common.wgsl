@@ -2,8 +2,10 @@
 // optimizer's `update` after it): the bindings up to its per-element state,
 // the skip rule and the true gradient. Each optimizer's file declares its
 // `Params` uniform (len, row_stride and segment_count first) and
-// `fn update(i: u32) -> bool`; the entry point (step.wgsl or step_f16.wgsl)
-// binds the uniform after these six.
+// `fn update(i: u32) -> bool` and its per-element state at bindings 5, 6, ...
+// (one binding each, so none is longer than the parameters); the entry point
+// (step.wgsl or step_f16.wgsl) binds the f16 mirror and the uniform after
+// them (optim/packed.rs declares those two).
 //
 // The gate (finite_check.wgsl) holds 0xffffffff while every step so far was
 // finite; the loss scaler's state (optim/scale.rs) holds the scale S as f32
@@ -15,8 +17,6 @@
 @group(0) @binding(2) var<storage, read> segments: array<Segment>;
 @group(0) @binding(3) var<storage, read> gate: array<u32>;
 @group(0) @binding(4) var<storage, read> scaler: array<u32>;
-// The optimizer's per-element state (Adam: m then v; SGD: the momentum buffer).
-@group(0) @binding(5) var<storage, read_write> state: array<f32>;
 
 fn skipped() -> bool {
     return gate[0] != 0xffffffffu || scaler[2] != 0u;

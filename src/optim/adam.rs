@@ -203,9 +203,8 @@ impl Adam {
                     return Ok(());
                 };
                 let (b1, b2, eps) = (self.beta1, self.beta2, self.epsilon);
-                let total = packed.total();
-                let mut state = packed.state.to_vec_f32()?;
-                let (m, v) = state.split_at_mut(total);
+                let mut m = packed.state[0].to_vec_f32()?;
+                let mut v = packed.state[1].to_vec_f32()?;
                 for (p, &offset) in params.iter_mut().zip(&packed.offsets) {
                     let grad = p.grad.to_vec_f32()?;
                     let mut value = p.value.to_vec_f32()?;
@@ -219,8 +218,9 @@ impl Adam {
                     }
                     *p.value = Tensor::from_f32(p.value.dims().to_vec(), value, &Device::Cpu)?;
                 }
-                let len = state.len();
-                packed.state = Tensor::from_f32(vec![len], state, &Device::Cpu)?;
+                for (block, values) in packed.state.iter_mut().zip([m, v]) {
+                    *block = Tensor::from_f32(vec![values.len()], values, &Device::Cpu)?;
+                }
                 Ok(())
             }
         }

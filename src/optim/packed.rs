@@ -69,9 +69,13 @@ pub(crate) struct Packed {
     /// Element offset of each parameter in the packed buffers, then the total:
     /// end to end on the CPU, at binding-aligned offsets on the GPU.
     pub offsets: Vec<usize>,
-    /// The optimizer's per-element state: `buffers` blocks of the total
-    /// length one after the other (at least one element, so it binds).
-    pub state: Tensor,
+    /// The optimizer's per-element state: `buffers` tensors of the total
+    /// length, each its own binding, so a state never needs a binding longer
+    /// than the parameters' (a device's 128 MiB binding limit holds 33M
+    /// parameters, not the half of that one block of Adam's m and v would
+    /// allow). Without state, one element, so the binding the update
+    /// declares is there.
+    pub state: Vec<Tensor>,
     pub buffers: usize,
     /// The GPU segment table as uploaded, and the table itself: uploaded on
     /// the first step and again only where the parameters' penalties or
@@ -168,7 +172,24 @@ impl Packed {
             }
         };
         let total = *offsets.last().expect("offsets end with the total");
-        let mut flat = vec![0.0; (buffers * total).max(1)];
+        if let Device::Gpu(ctx) = device {
+            // The update binds all parameters (and each state buffer) at once.
+            let limits = &ctx.caps().limits;
+            let limit = limits
+                .max_storage_buffer_binding_size
+                .min(limits.max_buffer_size);
+            let bytes = total as u64 * 4;
+            if bytes > limit {
+                return Err(AetherError::TooLarge {
+                    what: format!(
+                        "{op}: the model's {total} parameters, which the fused update binds as one buffer"
+                    ),
+                    bytes,
+                    limit,
+                });
+            }
+        }
+        let mut blocks = vec![vec![0.0; total.max(1)]; buffers];
         if let Some(r) = restored {
             for (k, (_, per_param)) in r.buffers.iter().enumerate() {
                 let saved: Vec<usize> = per_param.iter().map(Vec::len).collect();
@@ -180,16 +201,21 @@ impl Packed {
                     });
                 }
                 for (values, &at) in per_param.iter().zip(&offsets) {
-                    let at = k * total + at;
-                    flat[at..at + values.len()].copy_from_slice(values);
+                    blocks[k][at..at + values.len()].copy_from_slice(values);
                 }
             }
         }
-        let len = flat.len();
+        if blocks.is_empty() {
+            blocks.push(vec![0.0]);
+        }
+        let state = blocks
+            .into_iter()
+            .map(|block| Tensor::from_f32(vec![block.len()], block, device))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             lengths,
             offsets,
-            state: Tensor::from_f32(vec![len], flat, device)?,
+            state,
             buffers,
             segments: None,
             packed: None,
@@ -211,10 +237,10 @@ impl Packed {
                 actual: lengths,
             });
         }
-        if !self.state.device().same_as(device) {
+        if !self.state[0].device().same_as(device) {
             return Err(AetherError::DeviceMismatch {
                 op,
-                a: self.state.device().name(),
+                a: self.state[0].device().name(),
                 b: device.name(),
             });
         }
@@ -227,17 +253,18 @@ impl Packed {
 
     /// Each state buffer, unpacked per parameter (a read back on the GPU).
     pub fn unpack_state(&self) -> Result<Vec<Vec<Vec<f32>>>> {
-        let all = self.state.to_vec_f32()?;
-        let total = self.total();
-        Ok((0..self.buffers)
-            .map(|k| {
-                self.lengths
+        self.state[..self.buffers]
+            .iter()
+            .map(|block| {
+                let all = block.to_vec_f32()?;
+                Ok(self
+                    .lengths
                     .iter()
                     .zip(&self.offsets)
-                    .map(|(&len, &at)| all[k * total + at..k * total + at + len].to_vec())
-                    .collect()
+                    .map(|(&len, &at)| all[at..at + len].to_vec())
+                    .collect())
             })
-            .collect())
+            .collect()
     }
 
     /// The GPU step: packs what is not yet packed, then records the
@@ -322,6 +349,7 @@ impl Packed {
         uniform[..3].copy_from_slice(&[total as u32, row_stride, params.len() as u32]);
         // Should the mirror's kernel fail to compile (the cache has warned), the
         // step runs without it and the layers cast their weights themselves.
+        let states = self.state.len();
         let mirror_kernel = self.packed_f16.as_ref().and_then(|_| {
             ctx.pipelines().get_or_create(
                 &PipelineKey::new(rule.kernel, "f16_mirror"),
@@ -333,6 +361,7 @@ impl Packed {
                         SEGMENTS,
                         UPDATE_COMMON,
                         rule.source,
+                        &entry_bindings(states, true),
                         STEP_F16,
                     ]
                     .concat()
@@ -349,15 +378,22 @@ impl Packed {
             gpu_buf(&seg_tensor),
             gpu_buf(&self.gate),
             gpu_buf(scaler.state()),
-            gpu_buf(&self.state),
         ];
+        buffers.extend(self.state.iter().map(gpu_buf));
         let kernel = match (mirror_kernel, &self.packed_f16) {
             (Some(kernel), Some((mirror, _))) => {
                 buffers.push(gpu_buf(mirror));
                 kernel
             }
             _ => pipeline(ctx, rule.kernel, "portable", || {
-                [SEGMENTS, UPDATE_COMMON, rule.source, STEP].concat()
+                [
+                    SEGMENTS,
+                    UPDATE_COMMON,
+                    rule.source,
+                    &entry_bindings(states, false),
+                    STEP,
+                ]
+                .concat()
             })?,
         };
         ctx.dispatch(
@@ -494,6 +530,22 @@ pub(crate) fn sign(x: f32) -> f32 {
         -1.0
     } else {
         0.0
+    }
+}
+
+/// The update kernel's last bindings, after update_common.wgsl's five and
+/// the rule's `states` state buffers: the f16 mirror where `mirror`, then
+/// the uniform (step.wgsl and step_f16.wgsl use them).
+fn entry_bindings(states: usize, mirror: bool) -> String {
+    let first = 5 + states;
+    if mirror {
+        format!(
+            "@group(0) @binding({first}) var<storage, read_write> params_f16: array<f16>;\n\
+             @group(0) @binding({}) var<uniform> step: Params;\n",
+            first + 1
+        )
+    } else {
+        format!("@group(0) @binding({first}) var<uniform> step: Params;\n")
     }
 }
 

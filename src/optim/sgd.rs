@@ -151,7 +151,7 @@ impl Sgd {
                 let Some(inv_scale) = packed.gate_cpu(params, loss, scaler, step)? else {
                     return Ok(());
                 };
-                let mut b = packed.state.to_vec_f32()?;
+                let mut b = packed.state[0].to_vec_f32()?;
                 for (p, &offset) in params.iter_mut().zip(&packed.offsets) {
                     let grad = p.grad.to_vec_f32()?;
                     let mut value = p.value.to_vec_f32()?;
@@ -172,7 +172,7 @@ impl Sgd {
                 }
                 if momentum != 0.0 {
                     let len = b.len();
-                    packed.state = Tensor::from_f32(vec![len], b, &Device::Cpu)?;
+                    packed.state[0] = Tensor::from_f32(vec![len], b, &Device::Cpu)?;
                 }
                 Ok(())
             }

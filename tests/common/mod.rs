@@ -8,6 +8,7 @@
 
 pub mod conv_cases;
 pub mod conv_reference;
+pub mod drawn;
 pub mod noop;
 
 use std::io::Write;
