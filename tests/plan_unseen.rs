@@ -1,9 +1,10 @@
-//! Networks at real sizes on the kernels an H100 would run, and on the
-//! least device aether accepts, without either: wgpu's noop backend records
-//! everything and executes nothing, so a training step of ResNet-50 at 224 px
-//! or of a drawn network 1024 channels wide is planned, compiled (every module
-//! validated by naga), bound and dispatched within the device's limits, or
-//! refused with a typed error; never a panic. tests/unseen_networks.rs checks
+//! Networks at real sizes on the kernels an H100 would run (its 16x16
+//! cooperative matrices included), and on the least device aether accepts,
+//! without either: wgpu's noop backend records everything and executes
+//! nothing, so a training step of ResNet-50 at 224 px or of a drawn network
+//! 1024 channels wide is planned, compiled (every module validated by naga),
+//! bound and dispatched within the device's limits, or refused with a typed
+//! error naming the layer; never a panic. tests/unseen_networks.rs checks
 //! the numbers of such graphs at sizes lavapipe can run.
 
 mod common;
@@ -14,17 +15,14 @@ use aether::nn::{Add, BatchNorm, Conv2d, Dense, Flatten, GlobalAvgPool, MaxPool2
 use aether::optim::Adam;
 use aether::{AetherError, Device, Graph, Model, NodeId};
 use common::drawn::{Scale, drawn};
-use common::noop::{all_features, full_limits, least_limits, noop_context};
+use common::noop::{h100_like_context, least_limits, noop_context};
 use common::{Rng, report};
 
 /// The H100-like device (coop matrices, f16, subgroups of 32, 48 KiB of
 /// workgroup memory) and the least one (no feature, the least limits).
 fn devices() -> [(&'static str, Device); 2] {
     [
-        (
-            "H100-like",
-            Device::Gpu(noop_context(all_features(), full_limits())),
-        ),
+        ("H100-like", Device::Gpu(h100_like_context())),
         (
             "least",
             Device::Gpu(noop_context(wgpu::Features::empty(), least_limits())),
@@ -132,6 +130,9 @@ fn resnet50_at_224_records_a_training_step() {
             started.elapsed().as_secs_f64(),
             kernels.len()
         ));
+        if name == "H100-like" {
+            assert!(coop > 0, "no coop kernel planned: {kernels:?}");
+        }
     }
 }
 

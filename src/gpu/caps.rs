@@ -216,11 +216,13 @@ impl GpuCapabilities {
 /// for `backend`, so that the planner may choose them there: to SPIR-V
 /// (Vulkan) at both tiles; to MSL (Metal) at 8, the only size of Metal's
 /// simdgroup matrices; never to HLSL (DX12) or GLSL, whose naga writers have
-/// no cooperative matrices. `tests/shader_portability.rs` translates every
-/// kernel for each backend this allows.
+/// no cooperative matrices; wgpu's noop backend translates nothing and runs
+/// nothing, but validates the WGSL (tests plan an H100's kernels there).
+/// `tests/shader_portability.rs` translates every kernel for each backend
+/// this allows.
 pub fn coop_translates_to(backend: wgpu::Backend, tile: u32) -> bool {
     match backend {
-        wgpu::Backend::Vulkan => true,
+        wgpu::Backend::Vulkan | wgpu::Backend::Noop => true,
         wgpu::Backend::Metal => tile == 8,
         _ => false,
     }

@@ -180,7 +180,13 @@ impl GpuContext {
             && adapter
                 .features()
                 .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
-        let caps = GpuCapabilities::read(adapter, features, limits, coop_disabled);
+        let mut caps = GpuCapabilities::read(adapter, features, limits, coop_disabled);
+        if info.backend == wgpu::Backend::Noop
+            && caps.coop_matrix.is_empty()
+            && features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        {
+            caps.coop_matrix = options.noop_coop_matrix.clone();
+        }
         let pipelines = PipelineCache::new(
             &device,
             &info,

@@ -76,6 +76,12 @@ pub struct GpuOptions {
     /// (`AETHER_TUNE_CONVS=1`; off by default: it lengthens that first step
     /// by the candidates' compiles and timings; docs/tuning.md).
     pub tune_convs: bool,
+    /// On wgpu's noop backend only (nothing executes; ignored on every real
+    /// one): the cooperative-matrix configurations to plan with, which that
+    /// backend does not report, so tests can plan, compile and record an
+    /// H100's coop kernels at any shape without one.
+    #[doc(hidden)]
+    pub noop_coop_matrix: Vec<super::CoopMatrixConfig>,
 }
 
 impl GpuOptions {
@@ -118,6 +124,7 @@ impl GpuOptions {
             record_shaders: false,
             conv_tuning: ConvTuning::from_env(),
             tune_convs,
+            noop_coop_matrix: Vec::new(),
         })
     }
 

@@ -72,10 +72,38 @@ pub fn least_limits() -> wgpu::Limits {
 /// A context on wgpu's noop backend with `features` and `limits`, keeping
 /// every module it builds.
 pub fn noop_context(features: wgpu::Features, limits: wgpu::Limits) -> Arc<GpuContext> {
+    noop_context_with(features, limits, GpuOptions::default())
+}
+
+/// [`noop_context`] with `options` (shaders recorded too).
+pub fn noop_context_with(
+    features: wgpu::Features,
+    limits: wgpu::Limits,
+    options: GpuOptions,
+) -> Arc<GpuContext> {
     let (adapter, device, queue) = noop_device(features, limits);
     let options = GpuOptions {
         record_shaders: true,
-        ..GpuOptions::default()
+        ..options
     };
     GpuContext::from_wgpu(&adapter, &device, &queue, &options).expect("aether accepts it")
+}
+
+/// An H100 as aether plans for it, on the noop backend: every feature, its
+/// limits, and its 16x16x16 f16 cooperative matrices (which the noop
+/// backend does not report), so the coop kernels are planned and compiled.
+pub fn h100_like_context() -> Arc<GpuContext> {
+    use wgpu::CooperativeScalarType::{F16, F32};
+    let tile = |cr| aether::gpu::CoopMatrixConfig {
+        m: 16,
+        n: 16,
+        k: 16,
+        ab: F16,
+        cr,
+    };
+    let options = GpuOptions {
+        noop_coop_matrix: vec![tile(F16), tile(F32)],
+        ..GpuOptions::default()
+    };
+    noop_context_with(all_features(), full_limits(), options)
 }
