@@ -295,3 +295,55 @@ fn conv_with_a_huge_gemm_runs() {
         n * 1024
     );
 }
+
+/// The fused optimizer binds all parameters at once and each of its state
+/// buffers on its own: at a 1 MiB limit, Adam trains 200k parameters (its m
+/// and v, 1.6 MB together, would not fit one binding) to the same bits as
+/// without the limit, and 296k parameters (1.18 MB) are refused at the first
+/// step naming the optimizer and the count, with the model left as it was.
+#[test]
+fn adam_trains_parameters_up_to_one_binding_and_refuses_more() {
+    const LIMIT: u64 = 1 << 20;
+    let Some(shared) = common::gpu() else {
+        return;
+    };
+    let mut options = test_gpu_options();
+    options.max_buffer_bytes = Some(LIMIT);
+    let capped = Device::with_preference(DevicePreference::Gpu, &options).unwrap();
+    let dense = |units: &[usize], device: &Device| {
+        let mut model = Model::new().seed(8);
+        model.add(aether::nn::Flatten::default());
+        for &n in units {
+            model.add(Dense::new(n)).add(ReLU::default());
+        }
+        model.add(Dense::new(10));
+        common::ready_model(model, device, &[1, 1, 390])
+    };
+    let mut rng = Rng::fresh();
+    let x = rng.vec(4 * 390);
+    let y = vec![1, 7, 3, 9];
+    // 390 * 500 + 500 + 500 * 10 + 10 = 200510 parameters.
+    let mut gpu = dense(&[500], &capped);
+    let mut uncapped = dense(&[500], &shared);
+    gpu.train_batch(&x, &y).unwrap();
+    gpu.check_steps().unwrap();
+    uncapped.train_batch(&x, &y).unwrap();
+    let values = |m: &Model| -> Vec<(String, Vec<u32>)> {
+        m.tensors()
+            .unwrap()
+            .into_iter()
+            .map(|(n, t)| (n, bits(&t.to_vec_f32().unwrap())))
+            .collect()
+    };
+    assert_eq!(values(&gpu), values(&uncapped), "seed {}", rng.seed);
+    // 390 * 600 + 600 + 600 * 100 + 100 + 100 * 10 + 10 = 295710
+    // parameters (1.18 MB), each layer's under the limit.
+    let mut over = dense(&[600, 100], &capped);
+    let before = values(&over);
+    let err = over.train_batch(&x, &y).unwrap_err();
+    assert!(
+        matches!(&err, AetherError::TooLarge { what, .. } if what.contains("295710 parameters")),
+        "{err}"
+    );
+    assert_eq!(values(&over), before, "the refused step changed the model");
+}

@@ -182,7 +182,9 @@ impl Packed {
             if bytes > limit {
                 return Err(AetherError::TooLarge {
                     what: format!(
-                        "{op}: the model's {total} parameters, which the fused update binds as one buffer"
+                        "{op}: the model's {} parameters ({total} values with their segments aligned), \
+                         which the fused update binds as one buffer,",
+                        lengths.iter().sum::<usize>()
                     ),
                     bytes,
                     limit,
