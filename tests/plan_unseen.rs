@@ -10,12 +10,13 @@
 mod common;
 
 use aether::conv::Padding;
+use aether::gpu::GpuOptions;
 use aether::model::{Loss, Metric};
 use aether::nn::{Add, BatchNorm, Conv2d, Dense, Flatten, GlobalAvgPool, MaxPool2d, ReLU};
 use aether::optim::Adam;
 use aether::{AetherError, Device, Graph, Model, NodeId};
 use common::drawn::{Scale, drawn};
-use common::noop::{h100_like_context, least_limits, noop_context};
+use common::noop::{h100_like_context, h100_like_context_with, least_limits, noop_context};
 use common::{Rng, report};
 
 /// The H100-like device (coop matrices, f16, subgroups of 32, 48 KiB of
@@ -182,4 +183,41 @@ fn drawn_networks_at_real_sizes_record_a_training_step() {
             }
         }
     }
+}
+
+/// With measured plans (`GpuOptions::tune_convs`), each conv's candidates
+/// (GEMM blocks, dweight splits, halo stacking...) are compiled and timed at
+/// the step's shape: on drawn networks at real sizes every candidate either
+/// compiles and records or declines the shape, and the chosen plans are kept
+/// in the file.
+#[test]
+fn measured_plans_at_real_sizes_compile_every_candidate() {
+    let dir = common::TempDir::new("plan-unseen-measured");
+    let device = Device::Gpu(h100_like_context_with(GpuOptions {
+        tune_convs: true,
+        cache_dir: Some(dir.0.clone()),
+        ..GpuOptions::default()
+    }));
+    let mut rng = Rng::fresh();
+    let mut checked = 0;
+    while checked < 3 {
+        let seed = rng.next_u64();
+        let (mut model, input, _, text) = drawn(seed, &Scale::LARGE);
+        model.to(&device).unwrap();
+        match model.finalize(&input) {
+            Ok(()) => {}
+            Err(AetherError::InvalidShape { .. } | AetherError::ShapeMismatch { .. }) => continue,
+            Err(e) => panic!("seed {seed} ({text}): {e}"),
+        }
+        report(&format!(
+            "[aether-test] measured plans, seed {seed}: {text}"
+        ));
+        record_step(&mut model, &input, 2, seed);
+        checked += 1;
+    }
+    let kept = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| e.file_name().to_string_lossy().starts_with("conv-plans-"));
+    assert!(kept, "no measured-plans file in {:?}", dir.0);
 }

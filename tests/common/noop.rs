@@ -93,6 +93,12 @@ pub fn noop_context_with(
 /// limits, and its 16x16x16 f16 cooperative matrices (which the noop
 /// backend does not report), so the coop kernels are planned and compiled.
 pub fn h100_like_context() -> Arc<GpuContext> {
+    h100_like_context_with(GpuOptions::default())
+}
+
+/// [`h100_like_context`] with `options` (its matrices and recorded shaders
+/// set).
+pub fn h100_like_context_with(options: GpuOptions) -> Arc<GpuContext> {
     use wgpu::CooperativeScalarType::{F16, F32};
     let tile = |cr| aether::gpu::CoopMatrixConfig {
         m: 16,
@@ -103,7 +109,7 @@ pub fn h100_like_context() -> Arc<GpuContext> {
     };
     let options = GpuOptions {
         noop_coop_matrix: vec![tile(F16), tile(F32)],
-        ..GpuOptions::default()
+        ..options
     };
     noop_context_with(all_features(), full_limits(), options)
 }
