@@ -1797,12 +1797,7 @@ impl Model {
     /// [`Model::cpu_tensor_limit`].
     fn tensor_limit(&self) -> u64 {
         match &self.device {
-            Device::Gpu(ctx) => {
-                let limits = &ctx.caps().limits;
-                limits
-                    .max_storage_buffer_binding_size
-                    .min(limits.max_buffer_size)
-            }
+            Device::Gpu(ctx) => ctx.caps().max_tensor_bytes(),
             Device::Cpu => self.cpu_tensor_bytes,
         }
     }

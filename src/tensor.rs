@@ -357,10 +357,7 @@ impl Tensor {
             .numel()
             .checked_mul(dtype.size_bytes())
             .map_or(u64::MAX, |b| b as u64);
-        let limits = &ctx.caps().limits;
-        let limit = limits
-            .max_storage_buffer_binding_size
-            .min(limits.max_buffer_size);
+        let limit = ctx.caps().max_tensor_bytes();
         if bytes > limit {
             return Err(AetherError::TooLarge {
                 what: what(),

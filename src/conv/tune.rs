@@ -240,8 +240,9 @@ fn key(direction: ConvDirection, meta: &ConvShapeMeta) -> String {
 
 /// Times each candidate of `work`'s `direction` (a tuning and the plan it
 /// made, the rule's first) at its shape, and keeps the fastest's tuning in
-/// `ctx` (written to its file by [`TunedPlans::save`]). A candidate that fails to run is left out; where none runs, that
-/// is announced, nothing is kept, and the rule plans.
+/// `ctx` (written to its file by [`TunedPlans::save`]). A candidate that
+/// fails to run is left out; where none runs, that is announced, nothing is
+/// kept, and the rule plans.
 pub(crate) fn choose(
     ctx: &Arc<GpuContext>,
     work: &ConvWork<'_>,

@@ -159,6 +159,15 @@ impl GpuCapabilities {
             })
     }
 
+    /// The most bytes one tensor may take: every kernel binds a tensor's
+    /// buffer whole, so both `max_storage_buffer_binding_size` and
+    /// `max_buffer_size` bound it.
+    pub fn max_tensor_bytes(&self) -> u64 {
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+    }
+
     /// Whether kernels take their parameter block as immediate data (set in the
     /// pass, no buffer or binding) rather than as a uniform buffer. Every
     /// aether parameter block fits in `PARAMS_IMMEDIATE_BYTES`.

@@ -174,10 +174,7 @@ impl Packed {
         let total = *offsets.last().expect("offsets end with the total");
         if let Device::Gpu(ctx) = device {
             // The update binds all parameters (and each state buffer) at once.
-            let limits = &ctx.caps().limits;
-            let limit = limits
-                .max_storage_buffer_binding_size
-                .min(limits.max_buffer_size);
+            let limit = ctx.caps().max_tensor_bytes();
             let bytes = total as u64 * 4;
             if bytes > limit {
                 return Err(AetherError::TooLarge {
