@@ -31,10 +31,18 @@ fn model(device: &Device, input: [usize; 3], conv: bool) -> Model {
 
 /// The buffer limit aether works within on `device`.
 fn buffer_limit(device: &Device) -> u64 {
-    let limits = &device.gpu_context().unwrap().caps().limits;
-    limits
-        .max_storage_buffer_binding_size
-        .min(limits.max_buffer_size)
+    device.gpu_context().unwrap().caps().max_tensor_bytes()
+}
+
+/// The shared GPU, and a device of the same adapter whose buffers are capped
+/// at `limit` bytes (`GpuOptions::max_buffer_bytes`); `None` without a GPU.
+fn gpu_capped_at(limit: u64) -> Option<(Device, Device)> {
+    let shared = common::gpu()?;
+    let mut options = test_gpu_options();
+    options.max_buffer_bytes = Some(limit);
+    let capped = Device::with_preference(DevicePreference::Gpu, &options).unwrap();
+    assert_eq!(buffer_limit(&capped), limit);
+    Some((shared, capped))
 }
 
 /// The GPU and its buffer limit, when that limit is small enough to test for
@@ -56,13 +64,9 @@ fn bits(values: &[f32]) -> Vec<u32> {
 #[test]
 fn inference_splits_batches_at_a_lowered_limit_and_training_refuses_them() {
     const LIMIT: u64 = 1 << 20;
-    let Some(shared) = common::gpu() else {
+    let Some((shared, capped)) = gpu_capped_at(LIMIT) else {
         return;
     };
-    let mut options = test_gpu_options();
-    options.max_buffer_bytes = Some(LIMIT);
-    let capped = Device::with_preference(DevicePreference::Gpu, &options).unwrap();
-    assert_eq!(buffer_limit(&capped), LIMIT);
 
     // 16x16x4 per sample: the conv output, 16x16x8 (8 KiB), is the largest;
     // 128 samples fit 1 MiB.
@@ -304,12 +308,9 @@ fn conv_with_a_huge_gemm_runs() {
 #[test]
 fn adam_trains_parameters_up_to_one_binding_and_refuses_more() {
     const LIMIT: u64 = 1 << 20;
-    let Some(shared) = common::gpu() else {
+    let Some((shared, capped)) = gpu_capped_at(LIMIT) else {
         return;
     };
-    let mut options = test_gpu_options();
-    options.max_buffer_bytes = Some(LIMIT);
-    let capped = Device::with_preference(DevicePreference::Gpu, &options).unwrap();
     let dense = |units: &[usize], device: &Device| {
         let mut model = Model::new().seed(8);
         model.add(aether::nn::Flatten::default());

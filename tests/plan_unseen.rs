@@ -15,7 +15,7 @@ use aether::model::{Loss, Metric};
 use aether::nn::{Add, BatchNorm, Conv2d, Dense, Flatten, GlobalAvgPool, MaxPool2d, ReLU};
 use aether::optim::Adam;
 use aether::{AetherError, Device, Graph, Model, NodeId};
-use common::drawn::{Scale, drawn};
+use common::drawn::{Scale, drawn, finalized, network_count, next_network_seed};
 use common::noop::{h100_like_context, h100_like_context_with, least_limits, noop_context};
 use common::{Rng, report};
 
@@ -152,19 +152,27 @@ fn resnet50_at_224_records_a_training_step() {
 
 #[test]
 fn drawn_networks_at_real_sizes_record_a_training_step() {
+    let devices = devices();
     let mut rng = Rng::fresh();
-    let count: usize = std::env::var("AETHER_TEST_NETWORKS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(6);
+    let count = network_count();
     let mut checked = 0;
-    while checked < count {
-        let seed = match std::env::var("AETHER_TEST_NETWORK") {
-            Ok(v) => v.parse().expect("AETHER_TEST_NETWORK is a u64 seed"),
-            Err(_) => rng.next_u64(),
-        };
-        for (name, device) in devices() {
-            let (mut model, input, _, text) = drawn(seed, &Scale::LARGE);
+    'draws: while checked < count {
+        let seed = next_network_seed(&mut rng);
+        let text = drawn(seed, &Scale::LARGE).3;
+        for (name, device) in &devices {
+            let (mut model, input) = match finalized(seed, &Scale::LARGE, device) {
+                Ok(Some((model, input, ..))) => (model, input),
+                Ok(None) => continue 'draws,
+                // A tensor past this device's binding limit, refused naming
+                // the layer, its shape, bytes and the limit.
+                Err(e) if past_the_limits(&e) => {
+                    report(&format!(
+                        "[aether-test] seed {seed} on the {name} device: {e}"
+                    ));
+                    continue;
+                }
+                Err(e) => panic!("seed {seed} ({text}): {e}"),
+            };
             // At most 2^14 positions a batch (a few hundred MiB of unused
             // buffers at 1024 channels), and at least 2 samples: a BatchNorm
             // after a 1x1 map would have 1 value per channel, which the step
@@ -174,21 +182,6 @@ fn drawn_networks_at_real_sizes_record_a_training_step() {
                 .filter(|b| b * input[0] * input[1] <= 1 << 14)
                 .nth((seed % 5) as usize)
                 .unwrap_or(2);
-            model.to(&device).unwrap();
-            match model.finalize(&input) {
-                Ok(()) => {}
-                Err(AetherError::InvalidShape { .. } | AetherError::ShapeMismatch { .. }) => break,
-                // A tensor past this device's binding limit, refused naming
-                // the layer, its shape, bytes and the limit.
-                Err(e) if past_the_limits(&e) => {
-                    report(&format!(
-                        "[aether-test] seed {seed} on the {name} device: {e}"
-                    ));
-                    checked += usize::from(name == "least");
-                    continue;
-                }
-                Err(e) => panic!("seed {seed} ({text}): {e}"),
-            }
             report(&format!(
                 "[aether-test] seed {seed} on the {name} device, batch {batch}: {text}"
             ));
@@ -201,10 +194,8 @@ fn drawn_networks_at_real_sizes_record_a_training_step() {
                 }
                 Err(e) => panic!("seed {seed} on the {name} device ({text}): {e}"),
             }
-            if name == "least" {
-                checked += 1;
-            }
         }
+        checked += 1;
     }
 }
 
@@ -225,13 +216,11 @@ fn measured_plans_at_real_sizes_compile_every_candidate() {
     let mut checked = 0;
     while checked < 3 {
         let seed = rng.next_u64();
-        let (mut model, input, _, text) = drawn(seed, &Scale::LARGE);
-        model.to(&device).unwrap();
-        match model.finalize(&input) {
-            Ok(()) => {}
-            Err(AetherError::InvalidShape { .. } | AetherError::ShapeMismatch { .. }) => continue,
-            Err(e) => panic!("seed {seed} ({text}): {e}"),
-        }
+        let (mut model, input, _, text) = match finalized(seed, &Scale::LARGE, &device) {
+            Ok(Some(draw)) => draw,
+            Ok(None) => continue,
+            Err(e) => panic!("seed {seed} ({}): {e}", drawn(seed, &Scale::LARGE).3),
+        };
         report(&format!(
             "[aether-test] measured plans, seed {seed}: {text}"
         ));

@@ -9,8 +9,8 @@
 
 mod common;
 
-use aether::{AetherError, Device, Model};
-use common::drawn::{Scale, drawn};
+use aether::{Device, Model};
+use common::drawn::{Draw, Scale, drawn, finalized, network_count, next_network_seed};
 use common::{Rng, report};
 
 /// Per tensor, `got`'s distance from `want` relative to `want`'s norm, or to
@@ -41,34 +41,22 @@ fn norm_rel(got: &[f32], want: &[f32]) -> f64 {
     (d / n.max(1e-30)).sqrt()
 }
 
-/// The model of `seed` on `device`, or `None` where its shapes do not fit
-/// (a typed error naming the shape: the draw may make a conv larger than its
-/// input).
-fn built(seed: u64, device: &Device) -> Option<(Model, [usize; 3], usize, String)> {
-    let (mut model, input, classes, text) = drawn(seed, &Scale::SMALL);
-    model.to(device).unwrap();
-    match model.finalize(&input) {
-        Ok(()) => Some((model, input, classes, text)),
-        Err(AetherError::InvalidShape { .. } | AetherError::ShapeMismatch { .. }) => None,
-        Err(e) => panic!("seed {seed} ({text}): {e}"),
-    }
+/// The small network of `seed` on `device`, or `None` where its shapes do
+/// not fit.
+fn built(seed: u64, device: &Device) -> Option<Draw> {
+    finalized(seed, &Scale::SMALL, device)
+        .unwrap_or_else(|e| panic!("seed {seed} ({}): {e}", drawn(seed, &Scale::SMALL).3))
 }
 
 #[test]
 fn drawn_networks_on_the_gpu_match_the_cpu() {
     let Some(gpu) = common::gpu() else { return };
     let mut rng = Rng::fresh();
-    let count: usize = std::env::var("AETHER_TEST_NETWORKS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(6);
+    let count = network_count();
     let mut checked = 0;
     let dir = common::TempDir::new("unseen-networks");
     while checked < count {
-        let seed = match std::env::var("AETHER_TEST_NETWORK") {
-            Ok(v) => v.parse().expect("AETHER_TEST_NETWORK is a u64 seed"),
-            Err(_) => rng.next_u64(),
-        };
+        let seed = next_network_seed(&mut rng);
         let Some((mut cpu, input, classes, text)) = built(seed, &Device::Cpu) else {
             continue;
         };

@@ -11,7 +11,7 @@ use aether::nn::{
     Identity, LeakyReLU, MaxPool2d, ReLU, SiLU,
 };
 use aether::optim::Adam;
-use aether::{Graph, Model, NodeId};
+use aether::{AetherError, Device, Graph, Model, NodeId};
 
 use super::Rng;
 
@@ -20,6 +20,23 @@ use super::Rng;
 pub struct Node {
     id: NodeId,
     shape: [usize; 3],
+}
+
+/// How many networks a test draws: `AETHER_TEST_NETWORKS`, else 6.
+pub fn network_count() -> usize {
+    std::env::var("AETHER_TEST_NETWORKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6)
+}
+
+/// The next network's seed: `AETHER_TEST_NETWORK`, which replays one, else
+/// one drawn from `rng`.
+pub fn next_network_seed(rng: &mut Rng) -> u64 {
+    match std::env::var("AETHER_TEST_NETWORK") {
+        Ok(v) => v.parse().expect("AETHER_TEST_NETWORK is a u64 seed"),
+        Err(_) => rng.next_u64(),
+    }
 }
 
 /// The sizes a draw picks from.
@@ -49,11 +66,28 @@ impl Scale {
     };
 }
 
-/// The graph drawn from `seed` at `scale`, its per-sample input shape, class
-/// count and a line describing it. Shapes are tracked here only to keep the
-/// draw mostly valid (adds of equal shapes, convs that fit); the model checks
-/// them itself.
-pub fn drawn(seed: u64, scale: &Scale) -> (Model, [usize; 3], usize, String) {
+/// A drawn model, its per-sample input shape, class count and a line
+/// describing it.
+pub type Draw = (Model, [usize; 3], usize, String);
+
+/// The network of `seed` at `scale`, moved to `device` and finalized;
+/// `Ok(None)` where its shapes do not fit (a typed error naming the shape:
+/// the draw may make a conv larger than its input). Any other error is the
+/// caller's to judge.
+pub fn finalized(seed: u64, scale: &Scale, device: &Device) -> Result<Option<Draw>, AetherError> {
+    let (mut model, input, classes, text) = drawn(seed, scale);
+    model.to(device)?;
+    match model.finalize(&input) {
+        Ok(()) => Ok(Some((model, input, classes, text))),
+        Err(AetherError::InvalidShape { .. } | AetherError::ShapeMismatch { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The graph drawn from `seed` at `scale`. Shapes are tracked here only to
+/// keep the draw mostly valid (adds of equal shapes, convs that fit); the
+/// model checks them itself.
+pub fn drawn(seed: u64, scale: &Scale) -> Draw {
     let mut rng = Rng::seeded(seed);
     let mut pick = |n: usize| (rng.next_u64() % n as u64) as usize;
     let side = scale.sides.1 - scale.sides.0 + 1;
