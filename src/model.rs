@@ -1189,6 +1189,9 @@ impl Model {
     fn backward(&mut self, grad: Tensor) -> Result<()> {
         let n = self.layers.len();
         let mut grads: Vec<Option<Tensor>> = vec![None; n];
+        // Output gradients whose f16 saturation the reader that wrote them
+        // flagged already (see `Layer::flag_input_grad_saturation`).
+        let mut flagged = vec![false; n];
         match self.resolve(NodeId::Layer(n.saturating_sub(1))) {
             NodeId::Layer(out) if n > 0 => grads[out] = Some(grad),
             _ => return Ok(()),
@@ -1200,10 +1203,17 @@ impl Model {
             self.timing_scope(|| format!("{i} {} backward", self.layers[i].spec().kind()));
             let sources = self.sources(i);
             let need_dx = sources.iter().any(|s| matches!(s, NodeId::Layer(_)));
-            if let Some(scaler) = &self.scaler
-                && self.layers[i].rounds_output_grad_to_f16(&self.device)
-            {
-                scaler.check_saturation(&dy)?;
+            if let Some(scaler) = &self.scaler {
+                if self.layers[i].rounds_output_grad_to_f16(&self.device) && !flagged[i] {
+                    scaler.check_saturation(&dy)?;
+                }
+                // An f16 input gradient goes to one layer that rounds it
+                // (`plan_f16_outputs`): this layer may flag it as it writes it.
+                if let [NodeId::Layer(j)] = sources.as_slice()
+                    && self.f16_input_grads.get(i) == Some(&true)
+                {
+                    flagged[*j] = self.layers[i].flag_input_grad_saturation(scaler.state());
+                }
             }
             let dxs = self.layers[i].backward_inputs(&dy, need_dx)?;
             for (source, dx) in sources.into_iter().zip(dxs) {

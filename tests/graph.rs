@@ -66,23 +66,31 @@ fn silu64(x: f64) -> (f64, f64) {
 const LEN: usize = 3 * 257 + 11;
 
 test_device!(add_and_scale_are_one_rounding, |device: &Device| {
+    // The arith kernels move four values an invocation where the length
+    // divides by 4, else one: both lengths, each ending in a partial workgroup.
+    for len in [LEN, 4 * 257 + 12] {
+        add_and_scale_are_one_rounding_at(device, len);
+    }
+});
+
+fn add_and_scale_are_one_rounding_at(device: &Device, len: usize) {
     let mut rng = Rng::fresh();
-    let (a, mut b) = (rng.vec(LEN), rng.vec(LEN));
+    let (a, mut b) = (rng.vec(len), rng.vec(len));
     // A NaN must pass add_relu's ReLU, as ReLU lets it; -0.0 sums stay -0.0.
     b[5] = f32::NAN;
     let factor = 1.0 / 9.0 + rng.uniform() * 0.01;
-    let ta = Tensor::from_f32(vec![LEN], a.clone(), device).unwrap();
-    let tb = Tensor::from_f32(vec![LEN], b.clone(), device).unwrap();
+    let ta = Tensor::from_f32(vec![len], a.clone(), device).unwrap();
+    let tb = Tensor::from_f32(vec![len], b.clone(), device).unwrap();
     let sum = f32_bits(&add(&ta, &tb).unwrap());
     let scaled = f32_bits(&scale(&ta, factor).unwrap());
     let rectified = f32_bits(&add_relu(&ta, &tb).unwrap());
     // The ReLU's output for the masked sum: positive, zero, -0.0, negative and NaN.
-    let mut y: Vec<f32> = (0..LEN).map(|i| rng.vec(1)[0] * (i % 3) as f32).collect();
+    let mut y: Vec<f32> = (0..len).map(|i| rng.vec(1)[0] * (i % 3) as f32).collect();
     y[7] = f32::NAN;
     y[8] = -0.0;
-    let ty = Tensor::from_f32(vec![LEN], y.clone(), device).unwrap();
+    let ty = Tensor::from_f32(vec![len], y.clone(), device).unwrap();
     let masked = f32_bits(&add_relu_backward(&ta, &tb, &ty).unwrap());
-    for i in 0..LEN {
+    for i in 0..len {
         let want_sum = (f64::from(a[i]) + f64::from(b[i])) as f32;
         let want_masked = if y[i] > 0.0 { want_sum } else { 0.0 };
         assert_eq!(
@@ -92,7 +100,7 @@ test_device!(add_and_scale_are_one_rounding, |device: &Device| {
             rng.seed
         );
     }
-    for i in 0..LEN {
+    for i in 0..len {
         // A sum or product of two f32 is exact in f64: one rounding after.
         let want_sum = (f64::from(a[i]) + f64::from(b[i])) as f32;
         let want_rectified = if want_sum < 0.0 { 0.0 } else { want_sum };
@@ -111,13 +119,13 @@ test_device!(add_and_scale_are_one_rounding, |device: &Device| {
             rng.seed
         );
     }
-    let short = Tensor::from_f32(vec![LEN - 1], a[1..].to_vec(), device).unwrap();
+    let short = Tensor::from_f32(vec![len - 1], a[1..].to_vec(), device).unwrap();
     assert!(matches!(
         add(&ta, &short),
         Err(AetherError::ShapeMismatch { .. })
     ));
     assert!(scale(&ta, f32::NAN).is_err());
-});
+}
 
 test_device!(gelu_and_silu_match_f64, |device: &Device| {
     let mut rng = Rng::fresh();

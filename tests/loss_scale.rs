@@ -4,6 +4,7 @@
 
 mod common;
 
+use aether::gpu::DevicePreference;
 use aether::nn::{BatchNorm, Conv2d, Dense, Flatten, GlobalAvgPool, ReLU, Scale};
 use aether::optim::{Adam, LossScale, Sgd};
 use aether::{AetherError, Device, Loss, Metric, Model, Padding};
@@ -239,6 +240,92 @@ fn an_overflow_hidden_by_the_clip_skips_the_step_and_halves_the_scale() {
         "the scale came down to where the gradients fit: {scale} ({good} good steps)"
     );
     assert_ne!(weights(&model), before, "later steps train");
+}
+
+/// A conv whose output gradient BatchNorm writes, as f16, and nothing else
+/// rounds: the only place a scaled gradient can saturate f16 unseen.
+fn bn_fed_conv(seed: u64, scale: LossScale, device: &Device) -> Model {
+    let mut model = Model::new().seed(seed);
+    model.add(Conv2d::new(8, (3, 3), Padding::Same).bias(false));
+    model.add(BatchNorm::new(0.9, 1e-5));
+    model.add(GlobalAvgPool::default());
+    model.add(Flatten::default());
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.0,
+        },
+        Sgd::new(0.05),
+        Metric::CategoricalAccuracy,
+    );
+    model.set_loss_scale(scale).unwrap();
+    model.to(device).unwrap();
+    model.finalize(&INPUT).unwrap();
+    model
+}
+
+/// BatchNorm's backward raises the scaler's flag itself where the f16 input
+/// gradient it writes for the conv before it saturates, so no check kernel
+/// runs for that gradient; the overflow still skips the step and halves the
+/// scale (a missed flag would train on the clipped gradient instead).
+#[test]
+fn batchnorm_flags_the_saturation_of_the_gradient_it_writes() {
+    if f16_gpu().is_none() {
+        return;
+    }
+    // A device of this test's own: the shared one times the kernels of the
+    // tests beside it too.
+    let gpu = Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap();
+    let mut rng = Rng::fresh();
+    // Small inputs make BatchNorm's 1 / std large, and two labels apart make
+    // the images' gradients differ by the scale's order: dx then passes 65504
+    // by orders of magnitude at 2^24, and fits at 1.
+    let x: Vec<f32> = rng
+        .vec(2 * SIDE * SIDE * 3)
+        .iter()
+        .map(|v| v * 0.01)
+        .collect();
+    let first = (rng.next_u64() % 8) as u32;
+    let y = vec![first, (first + 1 + (rng.next_u64() % 7) as u32) % 8];
+    let scale = LossScale::Dynamic {
+        init: 16_777_216.0,
+        growth_interval: 2000,
+    };
+    let mut model = bn_fed_conv(rng.next_u64(), scale, &gpu);
+    assert_eq!(
+        model.f16_input_grads(),
+        vec![1],
+        "BatchNorm hands the conv f16"
+    );
+    let before = weights(&model);
+    let ctx = gpu.gpu_context().expect("a GPU").clone();
+    if !ctx.caps().timestamps {
+        common::skip("no timestamps to list the step's kernels");
+        return;
+    }
+    if ctx.caps().limits.max_storage_buffers_per_shader_stage < 10 {
+        common::skip("BatchNorm's dx binds no scaler under 10 storage buffers a stage");
+        return;
+    }
+    let (_, times) = ctx.timed(256, || model.train_batch(&x, &y)).unwrap();
+    model.check_steps().unwrap();
+    let labels: Vec<&str> = times.iter().map(|t| t.label).collect();
+    assert!(labels.contains(&"batchnorm_backward_dx"), "{labels:?}");
+    assert!(
+        !labels.contains(&"loss_scale_saturation"),
+        "a check dispatched for a gradient BatchNorm flags: {labels:?}"
+    );
+    assert_eq!(model.loss_scale().unwrap(), Some((8_388_608.0, 0)));
+    for ((name, got), (_, want)) in weights(&model).iter().zip(&before) {
+        if !name.contains("running") {
+            assert_eq!(got, want, "{name} changed in a skipped step");
+        }
+    }
+    // At a scale it fits, the step trains and the scale holds.
+    let mut model = bn_fed_conv(rng.next_u64(), LossScale::Static(1.0), &gpu);
+    let before = weights(&model);
+    model.train_batch(&x, &y).unwrap();
+    model.check_steps().unwrap();
+    assert_ne!(weights(&model), before, "a step at scale 1 trains");
 }
 
 /// A static scale does not back off: its overflow stops training as a

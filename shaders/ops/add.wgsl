@@ -1,9 +1,10 @@
 // y = a + b elementwise (a residual add, or two gradients summed where a
-// tensor feeds several layers). One f32 rounding, as on the CPU path.
+// tensor feeds several layers), a `Value` per invocation (arith_lanes*.wgsl;
+// `len` counts them). One f32 rounding, as on the CPU path.
 
-@group(0) @binding(0) var<storage, read> a: array<f32>;
-@group(0) @binding(1) var<storage, read> b: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(0) var<storage, read> a: array<Value>;
+@group(0) @binding(1) var<storage, read> b: array<Value>;
+@group(0) @binding(2) var<storage, read_write> y: array<Value>;
 
 struct Params {
     len: u32,

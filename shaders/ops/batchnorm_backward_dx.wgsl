@@ -5,7 +5,8 @@
 // `channels` count lanes). With params.relu_gate, dy is taken only where the
 // fused ReLU's output `relu_y` is > 0 (on its bits, as relu_backward: NaN does
 // not pass). `dx` is stored as batchnorm_grad_*.wgsl says (f32, or clipped f16
-// for a conv before that rounds its gradient to f16).
+// for a conv before that rounds its gradient to f16), and its saturation flagged
+// as batchnorm_grad_flag.wgsl says where the model asks.
 
 @group(0) @binding(0) var<storage, read> dy: array<Lanes>;
 @group(0) @binding(1) var<storage, read> relu_y: array<ActBits>;
@@ -24,7 +25,7 @@ struct Params {
     row_stride: u32,
     relu_gate: u32,
 }
-@group(0) @binding(9) var<uniform> params: Params;
+// `params` is bound by batchnorm_grad_flag.wgsl or batchnorm_grad_unflagged.wgsl.
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -40,5 +41,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (params.relu_gate != 0u) {
         g = select(Lanes(0.0), g, act_passes(relu_y[i]));
     }
-    dx[i] = grad_bits(gamma[c] * s * (g - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count)));
+    let bits = grad_bits(gamma[c] * s * (g - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count)));
+    dx[i] = bits;
+    flag_saturation(bits);
 }

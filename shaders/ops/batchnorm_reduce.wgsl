@@ -9,6 +9,13 @@
 
 const TILE_LANES: u32 = 8u;
 const ROW_LANES: u32 = 32u;
+// Rows of a chunk each row lane takes: CHUNK_ROWS / ROW_LANES (src/ops/batchnorm.rs
+// checks). The moments kernel loads them in a loop of this constant count, so
+// they are issued together and stay in registers for its second sum (rows
+// past the chunk's `end` are skipped). The backward sums loop over the rows
+// as they come: holding three operands' rows in registers measured slower
+// there (docs/lab/perf-notes.md, entry 87).
+const ROWS_PER_LANE: u32 = 8u;
 
 struct ReduceParams {
     channels: u32,

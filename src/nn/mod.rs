@@ -318,6 +318,18 @@ pub trait Layer: Send {
         false
     }
 
+    /// For the next backward only, on a GPU: the loss scaler's state (word 2
+    /// its overflow flag) where this layer returns its input gradient as f16
+    /// ([`Layer::input_grad_rounded_to_f16`]). A layer that can raises the
+    /// flag in the pass that writes that gradient, where a value saturates f16
+    /// (65504 or beyond, inf, NaN), as the scaler's own check of it would, and
+    /// returns true: the model then records no check of its own. By default
+    /// no (and BatchNorm not where its kernel cannot bind one more storage
+    /// buffer).
+    fn flag_input_grad_saturation(&mut self, _scaler: &Tensor) -> bool {
+        false
+    }
+
     /// Parameters with the gradients of the last `backward`.
     fn trainables(&mut self) -> Vec<Param<'_>> {
         Vec::new()

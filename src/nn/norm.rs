@@ -5,8 +5,9 @@ use super::{Layer, LayerSpec, Mode, Param, cached, state_size};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::batchnorm::{
-    BatchNormStats, NormOutput, RunningStats, backward_into, batch_norm_inference_as,
-    batch_norm_train_running, check_epsilon, check_momentum, gated_running_stats,
+    BatchNormStats, DxStorage, NormOutput, RunningStats, backward_into, batch_norm_inference_as,
+    batch_norm_train_running, check_epsilon, check_momentum, flags_dx_saturation,
+    gated_running_stats,
 };
 use crate::tensor::{DType, Tensor};
 
@@ -39,6 +40,9 @@ pub struct BatchNorm {
     staged: Option<(Tensor, Tensor)>,
     /// Where the backward writes `(dgamma, dbeta)` (see `Layer::set_grad_outputs`).
     grad_outputs: Option<(Tensor, Tensor)>,
+    /// The loss scaler's state whose flag the next backward's f16 dx raises
+    /// (see `Layer::flag_input_grad_saturation`).
+    saturation_flag: Option<Tensor>,
 }
 
 struct NormState {
@@ -66,6 +70,7 @@ impl BatchNorm {
             grads: None,
             staged: None,
             grad_outputs: None,
+            saturation_flag: None,
         }
     }
 
@@ -196,6 +201,7 @@ impl Layer for BatchNorm {
 
     fn end_step(&mut self) {
         (self.cache, self.grads, self.staged) = (None, None, None);
+        self.saturation_flag = None;
     }
 
     fn commit_step(&mut self, gate: Option<&Tensor>) -> Result<()> {
@@ -212,14 +218,18 @@ impl Layer for BatchNorm {
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let flag = self.saturation_flag.take();
         let Some((x, stats, relu_y)) = self.cache.as_ref() else {
             return cached(&None, "BatchNorm::backward").map(|_| None);
         };
         let gamma = &self.state()?.gamma;
         let outputs = self.grad_outputs.as_ref();
-        let dx_dtype = self.input_grad;
+        let dx_out = DxStorage {
+            dtype: self.input_grad,
+            saturation_flag: flag.as_ref(),
+        };
         let (dx, dgamma, dbeta) =
-            backward_into(dy, x, gamma, stats, relu_y.as_ref(), outputs, dx_dtype)?;
+            backward_into(dy, x, gamma, stats, relu_y.as_ref(), outputs, dx_out)?;
         self.grads = Some((dgamma, dbeta));
         Ok(need_dx.then_some(dx))
     }
@@ -238,6 +248,15 @@ impl Layer for BatchNorm {
     fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
         self.input_grad = self.storage_for(rounded);
         self.input_grad == DType::F16
+    }
+
+    fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
+        let flags = self.input_grad == DType::F16
+            && scaler
+                .gpu_context()
+                .is_some_and(|ctx| flags_dx_saturation(ctx));
+        self.saturation_flag = flags.then(|| scaler.clone());
+        flags
     }
 
     fn trainables(&mut self) -> Vec<Param<'_>> {

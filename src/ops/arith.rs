@@ -4,20 +4,54 @@
 
 use rayon::prelude::*;
 
-use super::activation::{check_operands, gpu_elementwise};
+use super::activation::{check_operands, elementwise_grid, gpu_elementwise};
 use crate::error::{AetherError, Result};
-use crate::tensor::Tensor;
+use crate::gpu::{GpuSlice, PipelineKey};
+use crate::tensor::{DType, Tensor};
 
+const RELU_BITS: &str = include_str!("../../shaders/ops/relu_bits.wgsl");
+const LANES4: &str = include_str!("../../shaders/ops/arith_lanes4.wgsl");
+const LANES1: &str = include_str!("../../shaders/ops/arith_lanes1.wgsl");
 const ADD_SHADER: &str = include_str!("../../shaders/ops/add.wgsl");
-const ADD_RELU_SHADER: &str = concat!(
-    include_str!("../../shaders/ops/relu_bits.wgsl"),
-    include_str!("../../shaders/ops/add_relu.wgsl")
-);
-const ADD_RELU_BACKWARD_SHADER: &str = concat!(
-    include_str!("../../shaders/ops/relu_bits.wgsl"),
-    include_str!("../../shaders/ops/add_relu_backward.wgsl")
-);
+const ADD_RELU_SHADER: &str = include_str!("../../shaders/ops/add_relu.wgsl");
+const ADD_RELU_BACKWARD_SHADER: &str = include_str!("../../shaders/ops/add_relu_backward.wgsl");
 const SCALE_SHADER: &str = include_str!("../../shaders/ops/scale.wgsl");
+
+/// Records an arith kernel (written against `Value` and `Bits`,
+/// shaders/ops/arith_lanes*.wgsl) over GPU `inputs`, already checked, into
+/// one new f32 output of their shape: four values an invocation where the
+/// length divides by 4 (16-byte loads), else one.
+fn gpu_arith(kernel: &'static str, source: &'static str, inputs: &[&Tensor]) -> Result<Tensor> {
+    let first = inputs[0];
+    let ctx = first.gpu_context().expect("non-host tensor is on a GPU");
+    let (width, variant, lanes) = match first.numel() % 4 {
+        0 => (4, "lanes4", LANES4),
+        _ => (1, "lanes1", LANES1),
+    };
+    let pipeline = ctx
+        .pipelines()
+        .require(&PipelineKey::new(kernel, variant), "main", || {
+            [RELU_BITS, lanes, source].concat().into()
+        })?;
+    let output = Tensor::uninit_gpu(ctx, first.shape().clone(), DType::F32)?;
+    let len = first.numel() / width;
+    let (grid, row_stride) = elementwise_grid(ctx, len);
+    let params = [len as u32, row_stride];
+    let buffers: Vec<GpuSlice<'_>> = inputs
+        .iter()
+        .copied()
+        .chain([&output])
+        .map(|t| t.gpu_slice().expect("GPU"))
+        .collect();
+    ctx.dispatch(
+        kernel,
+        &pipeline,
+        &buffers,
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok(output)
+}
 
 /// `a + b` elementwise; both f32 of one shape on one device.
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
@@ -26,7 +60,7 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         let sum = xs.par_iter().zip(ys).map(|(&x, &y)| x + y).collect();
         return Tensor::from_f32(a.dims().to_vec(), sum, &a.device());
     }
-    gpu_elementwise("add", "main", ADD_SHADER, &[a, b], &[])
+    gpu_arith("add", ADD_SHADER, &[a, b])
 }
 
 /// `relu(a + b)` elementwise in one pass (a residual add and the ReLU after
@@ -45,7 +79,7 @@ pub fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             .collect();
         return Tensor::from_f32(a.dims().to_vec(), sum, &a.device());
     }
-    gpu_elementwise("add_relu", "main", ADD_RELU_SHADER, &[a, b], &[])
+    gpu_arith("add_relu", ADD_RELU_SHADER, &[a, b])
 }
 
 /// `a + b` where `y > 0`, else 0, in one pass: ReLU's gradient
@@ -64,13 +98,7 @@ pub fn add_relu_backward(a: &Tensor, b: &Tensor, y: &Tensor) -> Result<Tensor> {
             .collect();
         return Tensor::from_f32(a.dims().to_vec(), dx, &a.device());
     }
-    gpu_elementwise(
-        "add_relu_backward",
-        "main",
-        ADD_RELU_BACKWARD_SHADER,
-        &[a, b, y],
-        &[],
-    )
+    gpu_arith("add_relu_backward", ADD_RELU_BACKWARD_SHADER, &[a, b, y])
 }
 
 /// `factor * x` elementwise; `factor` must be finite.

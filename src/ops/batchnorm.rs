@@ -39,6 +39,8 @@ const FINALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_finalize
 const RELU_BITS: &str = include_str!("../../shaders/ops/relu_bits.wgsl");
 const NORMALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_normalize.wgsl");
 const BACKWARD_DX_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl");
+const GRAD_FLAG: &str = include_str!("../../shaders/ops/batchnorm_grad_flag.wgsl");
+const GRAD_UNFLAGGED: &str = include_str!("../../shaders/ops/batchnorm_grad_unflagged.wgsl");
 const F16_BITS: &str = include_str!("../../shaders/common/f16_bits.wgsl");
 const RUNNING_SHADER: &str = include_str!("../../shaders/ops/batchnorm_running.wgsl");
 const GATE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_gate.wgsl");
@@ -48,6 +50,11 @@ const GATE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_gate.wgsl");
 pub const CHUNK_ROWS: usize = 256;
 /// Channel lanes per partial-sum workgroup (`TILE_LANES` in batchnorm_reduce.wgsl).
 const TILE_LANES: usize = 8;
+/// Row lanes of a partial-sum workgroup and the rows of a chunk each takes
+/// (`ROW_LANES`, `ROWS_PER_LANE` in batchnorm_reduce.wgsl): together a chunk.
+const ROW_LANES: usize = 32;
+const ROWS_PER_LANE: usize = 8;
+const _: () = assert!(ROW_LANES * ROWS_PER_LANE == CHUNK_ROWS);
 const ELEMENTWISE_WORKGROUP: u32 = 256;
 /// Workgroup size of the per-channel kernels (finalize, running statistics).
 const CHANNEL_WORKGROUP: u32 = 64;
@@ -414,7 +421,15 @@ pub fn batch_norm_backward(
     gamma: &Tensor,
     stats: &BatchNormStats,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    backward_into(dy, x, gamma, stats, None, None, DType::F32)
+    backward_into(
+        dy,
+        x,
+        gamma,
+        stats,
+        None,
+        None,
+        DxStorage::plain(DType::F32),
+    )
 }
 
 /// The backward of [`batch_norm_relu_train`], whose output was `y`: `dy` is
@@ -429,7 +444,15 @@ pub fn batch_norm_relu_backward(
     gamma: &Tensor,
     stats: &BatchNormStats,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    backward_into(dy, x, gamma, stats, Some(y), None, DType::F32)
+    backward_into(
+        dy,
+        x,
+        gamma,
+        stats,
+        Some(y),
+        None,
+        DxStorage::plain(DType::F32),
+    )
 }
 
 /// [`batch_norm_backward`] (with `relu_output`: [`batch_norm_relu_backward`])
@@ -445,12 +468,37 @@ pub fn batch_norm_backward_as(
     relu_output: Option<&Tensor>,
     dx: DType,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    backward_into(dy, x, gamma, stats, relu_output, None, dx)
+    backward_into(dy, x, gamma, stats, relu_output, None, DxStorage::plain(dx))
 }
 
-/// [`batch_norm_backward_as`]; on the GPU, writing `(dgamma, dbeta)` into
-/// `outputs` when given (a layer's segments of the optimizer's packed
-/// gradients).
+/// How backward dx is stored ([`batch_norm_backward_as`]) and, on the GPU,
+/// the loss scaler's state whose overflow flag an f16 dx raises where it
+/// saturates, as the scaler's own check of that gradient would
+/// (shaders/ops/batchnorm_grad_flag.wgsl; the model then skips the check).
+#[derive(Clone, Copy)]
+pub(crate) struct DxStorage<'a> {
+    pub dtype: DType,
+    pub saturation_flag: Option<&'a Tensor>,
+}
+
+/// Whether backward dx can flag its f16 saturation on `ctx`: its kernel then
+/// binds 10 storage buffers, one past the least device aether accepts (9).
+pub(crate) fn flags_dx_saturation(ctx: &GpuContext) -> bool {
+    ctx.caps().limits.max_storage_buffers_per_shader_stage >= 10
+}
+
+impl DxStorage<'_> {
+    pub fn plain(dtype: DType) -> Self {
+        Self {
+            dtype,
+            saturation_flag: None,
+        }
+    }
+}
+
+/// [`batch_norm_backward_as`] with dx stored as `dx_out` says; on the GPU,
+/// writing `(dgamma, dbeta)` into `outputs` when given (a layer's segments of
+/// the optimizer's packed gradients).
 pub(crate) fn backward_into(
     dy: &Tensor,
     x: &Tensor,
@@ -458,8 +506,9 @@ pub(crate) fn backward_into(
     stats: &BatchNormStats,
     relu_output: Option<&Tensor>,
     outputs: Option<&(Tensor, Tensor)>,
-    dx_dtype: DType,
+    dx_out: DxStorage<'_>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    let dx_dtype = dx_out.dtype;
     const OP: &str = "batch_norm_backward";
     let layout = Layout::of(OP, x)?;
     require_f32(OP, dy)?;
@@ -499,7 +548,7 @@ pub(crate) fn backward_into(
                 _ => y,
             };
             let gated = relu_backward(y, dy)?;
-            return backward_into(&gated, x, gamma, stats, None, None, dx_dtype);
+            return backward_into(&gated, x, gamma, stats, None, None, dx_out);
         }
     }
     if let (Some(dys), Some(xs), Some(g), Some(mean), Some(inv_std)) = (
@@ -535,7 +584,19 @@ pub(crate) fn backward_into(
     )?;
     let into = outputs.map(|(dgamma, dbeta)| [dbeta, dgamma]);
     let ([dbeta, dgamma], _) = finalize(ctx, &sums, layout, Finish::Sums, 0.0, None, into)?;
-    let pipeline = dx_lanes.pipeline(ctx, "batchnorm_backward_dx", &[BACKWARD_DX_SHADER])?;
+    // An f32 dx is not rounded: nothing to flag.
+    let flag = dx_out.saturation_flag.filter(|_| dx_dtype == DType::F16);
+    if flag.is_some() && !flags_dx_saturation(ctx) {
+        return Err(AetherError::Gpu {
+            during: "batch_norm_backward",
+            message: "asked to flag dx's saturation where the kernel cannot bind the scaler".into(),
+        });
+    }
+    let (kernel, flag_source) = match flag {
+        Some(_) => ("batchnorm_backward_dx_flag", GRAD_FLAG),
+        None => ("batchnorm_backward_dx", GRAD_UNFLAGGED),
+    };
+    let pipeline = dx_lanes.pipeline(ctx, kernel, &[flag_source, BACKWARD_DX_SHADER])?;
     let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), dx_dtype)?;
     let len = x.numel() / lanes.width;
     let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
@@ -546,20 +607,25 @@ pub(crate) fn backward_into(
         row_stride,
         u32::from(relu_output.is_some()),
     ];
+    let mut buffers = vec![
+        buf(dy),
+        buf(gate),
+        buf(x),
+        buf(&stats.mean),
+        buf(&stats.inv_std),
+        buf(gamma),
+        buf(&dbeta),
+        buf(&dgamma),
+        buf(&dx),
+    ];
+    if let Some(scaler) = flag {
+        same_device(OP, &[x, scaler])?;
+        buffers.push(buf(scaler));
+    }
     ctx.dispatch(
         "batchnorm_backward_dx",
         &pipeline,
-        &[
-            buf(dy),
-            buf(gate),
-            buf(x),
-            buf(&stats.mean),
-            buf(&stats.inv_std),
-            buf(gamma),
-            buf(&dbeta),
-            buf(&dgamma),
-            buf(&dx),
-        ],
+        &buffers,
         bytemuck::cast_slice(&params),
         grid,
     )?;

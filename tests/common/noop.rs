@@ -55,6 +55,9 @@ pub fn full_limits() -> wgpu::Limits {
         max_storage_buffer_binding_size: 1 << 31,
         max_buffer_size: 1 << 31,
         max_immediate_size: 128,
+        // NVIDIA's Vulkan driver binds far more; BatchNorm's dx flagging
+        // f16 saturation takes 10 (the least device: 9).
+        max_storage_buffers_per_shader_stage: 16,
         ..with_required_limits(wgpu::Limits::default())
     }
 }
