@@ -9,6 +9,7 @@
 
 mod common;
 
+use aether::conv::dweight::SPLIT_ENV;
 use aether::conv::dweight::halo::DWEIGHT_HALO_ENV;
 use aether::conv::forward::halo::{HALO_ENV, STACK_ENV, TAP_BUFFERS_ENV};
 use aether::conv::gemm::coop::BLOCK_ENV;
@@ -207,6 +208,65 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
     match result {
         Err(AetherError::InvalidEnv { var, .. }) => assert_eq!(var, BLOCK_ENV),
         other => panic!("{BLOCK_ENV}=9x9x9x9x9: expected InvalidEnv, got {other:?}"),
+    }
+}
+
+/// dweight's split-K reduce lays its sums out two ways: an output per
+/// invocation for a few slices, each output's slices over a workgroup's lanes
+/// for many (dweight/reduce.wgsl). With the split pinned low and high, every
+/// GPU variant runs both, each against the f64 reference; per-slice outputs
+/// (145 x 24) end inside a workgroup of 256.
+#[test]
+fn dweight_reduce_in_both_layouts_matches_the_f64_reference() {
+    let Some(device) = common::gpu() else {
+        return;
+    };
+    let caps = device.gpu_context().expect("gpu").caps();
+    let variants = ConvVariant::candidates(caps);
+    let mut rng = Rng::fresh();
+    let params = ConvParams::new(24, 3, Padding::Same);
+    let input = [8, 16, 16, 16];
+    let meta = ConvShapeMeta::new(input, &params).unwrap();
+    let x = rng.vec(meta.n * meta.h * meta.w * meta.c_in);
+    let dy = rng.vec(meta.m * meta.c_out);
+    let (want_dw, want_db) = reference::dweight(&meta, &x, &dy);
+    for &variant in &variants {
+        let mut splits = Vec::new();
+        for per_unit in ["1", "64"] {
+            let device = pinned_device(&[(SPLIT_ENV, per_unit)]);
+            let tensor = |dims: &[usize], data: &[f32]| {
+                Tensor::from_f32(dims.to_vec(), data.to_vec(), &device).unwrap()
+            };
+            let plans = ConvPlans::forcing(variant);
+            let (dw, db) = conv2d_dweight(
+                &tensor(&input, &x),
+                &tensor(&meta.output_dims(), &dy),
+                &params,
+                &plans,
+            )
+            .unwrap();
+            let split = plans
+                .summary()
+                .into_iter()
+                .find(|(d, _, _)| *d == ConvDirection::DWeight)
+                .map(|(_, _, p)| p.split_k)
+                .unwrap();
+            let ctx = format!("split {split} [{}] seed {}", variant.name(), rng.seed);
+            for (name, got, want) in [("dW", dw, &want_dw), ("dbias", db, &want_db)] {
+                let err = norm_rel_error(&got.to_vec_f32().unwrap(), want);
+                assert!(err <= F16_BOUND, "{name} {ctx}: error {err:e} > {F16_BOUND:e}");
+            }
+            splits.push(split);
+        }
+        assert!(
+            splits.iter().any(|&s| s <= 32) && splits.iter().any(|&s| s > 32),
+            "[{}] both layouts (32 slices or fewer, more): splits {splits:?}",
+            variant.name()
+        );
+        report(&format!(
+            "[aether-test] dweight reduce [{}] at splits {splits:?}: ok",
+            variant.name()
+        ));
     }
 }
 

@@ -7,5 +7,5 @@ fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) index: u32,
 ) {
-    reduce_slices(wid.x + wid.y * params.row_stride, index);
+    reduce(wid, index);
 }

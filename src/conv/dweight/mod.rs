@@ -64,8 +64,14 @@ const REDUCE_FLIP: ConvKernel = ConvKernel {
     gemm: None,
     f32_inputs: &[],
 };
-/// Outputs per workgroup of the split-K reduce (`OUTPUTS` in dweight_reduce.wgsl).
+/// Outputs per workgroup of the split-K reduce in lanes mode, and its
+/// invocations (`OUTPUTS`, `REDUCE_WORKGROUP` in dweight/reduce.wgsl).
 const REDUCE_OUTPUTS: usize = 32;
+const REDUCE_WORKGROUP: u32 = 256;
+/// Slices up to which the reduce takes an output per invocation (columns
+/// mode) rather than spreading each output's slices over a workgroup's lanes:
+/// each invocation then walks at most this many, and the outputs are many.
+const REDUCE_COLUMN_SPLITS: usize = 32;
 /// Images per partial sum on the CPU path: a fixed grouping keeps the CPU result
 /// independent of the thread count.
 const CPU_IMAGES_PER_PARTIAL: usize = 4;
@@ -211,12 +217,15 @@ pub(crate) fn conv2d_dweight_into(
             Tensor::uninit_gpu(ctx, Shape::new([meta.c_out])?, DType::F32)?,
         ),
     };
-    // REDUCE_OUTPUTS outputs per workgroup: a "grid row" is `row_stride` workgroups.
-    let (grid, row_stride) = flat_grid(
-        per_slice.div_ceil(REDUCE_OUTPUTS),
-        1,
-        ctx.caps().limits.max_compute_workgroups_per_dimension,
-    );
+    // Lanes mode: REDUCE_OUTPUTS outputs per workgroup, a "grid row" is
+    // `row_stride` workgroups; columns mode: an output per invocation, a grid
+    // row `row_stride` invocations.
+    let columns = split <= REDUCE_COLUMN_SPLITS;
+    let max_groups = ctx.caps().limits.max_compute_workgroups_per_dimension;
+    let (grid, row_stride) = match columns {
+        true => flat_grid(per_slice, REDUCE_WORKGROUP, max_groups),
+        false => flat_grid(per_slice.div_ceil(REDUCE_OUTPUTS), 1, max_groups),
+    };
     let mut bindings = vec![buf(&partial), buf(&dw), buf(&db)];
     if let Some((_, w, wt)) = &flip {
         bindings.extend([buf(w), buf(wt)]);
@@ -225,7 +234,12 @@ pub(crate) fn conv2d_dweight_into(
         "conv_dweight_reduce",
         &reduce,
         &bindings,
-        bytemuck::cast_slice(&[split as u32, row_stride, slice_stride as u32]),
+        bytemuck::cast_slice(&[
+            split as u32,
+            row_stride,
+            slice_stride as u32,
+            u32::from(columns),
+        ]),
         grid,
     )?;
     Ok((dw, db, flip.is_some()))
