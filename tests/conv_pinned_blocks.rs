@@ -254,7 +254,10 @@ fn dweight_reduce_in_both_layouts_matches_the_f64_reference() {
             let ctx = format!("split {split} [{}] seed {}", variant.name(), rng.seed);
             for (name, got, want) in [("dW", dw, &want_dw), ("dbias", db, &want_db)] {
                 let err = norm_rel_error(&got.to_vec_f32().unwrap(), want);
-                assert!(err <= F16_BOUND, "{name} {ctx}: error {err:e} > {F16_BOUND:e}");
+                assert!(
+                    err <= F16_BOUND,
+                    "{name} {ctx}: error {err:e} > {F16_BOUND:e}"
+                );
             }
             splits.push(split);
         }
