@@ -9,8 +9,8 @@
 
 mod common;
 
-use aether::conv::dweight::SPLIT_ENV;
 use aether::conv::dweight::halo::DWEIGHT_HALO_ENV;
+use aether::conv::dweight::{SPLIT_ENV, reduce_in_columns};
 use aether::conv::forward::halo::{HALO_ENV, STACK_ENV, TAP_BUFFERS_ENV};
 use aether::conv::gemm::coop::BLOCK_ENV;
 use aether::conv::{
@@ -212,27 +212,35 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
 }
 
 /// dweight's split-K reduce lays its sums out two ways: an output per
-/// invocation for a few slices, each output's slices over a workgroup's lanes
-/// for many (dweight/reduce.wgsl). With the split pinned low and high, every
-/// GPU variant runs both, each against the f64 reference; per-slice outputs
-/// (145 x 24) end inside a workgroup of 256.
+/// invocation for a few slices of many outputs, each output's slices over a
+/// workgroup's lanes otherwise (dweight/reduce.wgsl). With the split pinned
+/// low, middling and high on a conv with enough outputs for the device, every
+/// GPU variant runs both, each against the f64 reference.
 #[test]
 fn dweight_reduce_in_both_layouts_matches_the_f64_reference() {
     let Some(device) = common::gpu() else {
         return;
     };
-    let caps = device.gpu_context().expect("gpu").caps();
-    let variants = ConvVariant::candidates(caps);
+    let caps = device.gpu_context().expect("gpu").caps().clone();
+    let variants = ConvVariant::candidates(&caps);
     let mut rng = Rng::fresh();
-    let params = ConvParams::new(24, 3, Padding::Same);
-    let input = [8, 16, 16, 16];
+    // Enough outputs (dW's 9 * 32 + 1 rows by c_out) for columns on this
+    // device, c_out a multiple of 8 and no multiple of 256.
+    let c_in = 32;
+    let rows = 9 * c_in + 1;
+    let c_out = (1..)
+        .map(|c| 8 * c)
+        .find(|&c| c % 256 != 0 && reduce_in_columns(&caps, 1, rows * c))
+        .unwrap();
+    let params = ConvParams::new(c_out, 3, Padding::Same);
+    let input = [8, 16, 16, c_in];
     let meta = ConvShapeMeta::new(input, &params).unwrap();
     let x = rng.vec(meta.n * meta.h * meta.w * meta.c_in);
     let dy = rng.vec(meta.m * meta.c_out);
     let (want_dw, want_db) = reference::dweight(&meta, &x, &dy);
     for &variant in &variants {
-        let mut splits = Vec::new();
-        for per_unit in ["1", "64"] {
+        let mut layouts = Vec::new();
+        for per_unit in ["1", "8", "512"] {
             let device = pinned_device(&[(SPLIT_ENV, per_unit)]);
             let tensor = |dims: &[usize], data: &[f32]| {
                 Tensor::from_f32(dims.to_vec(), data.to_vec(), &device).unwrap()
@@ -251,7 +259,12 @@ fn dweight_reduce_in_both_layouts_matches_the_f64_reference() {
                 .find(|(d, _, _)| *d == ConvDirection::DWeight)
                 .map(|(_, _, p)| p.split_k)
                 .unwrap();
-            let ctx = format!("split {split} [{}] seed {}", variant.name(), rng.seed);
+            let columns = reduce_in_columns(&caps, split as usize, rows * c_out);
+            let ctx = format!(
+                "{input:?} -> {c_out}, split {split}, columns {columns} [{}] seed {}",
+                variant.name(),
+                rng.seed
+            );
             for (name, got, want) in [("dW", dw, &want_dw), ("dbias", db, &want_db)] {
                 let err = norm_rel_error(&got.to_vec_f32().unwrap(), want);
                 assert!(
@@ -259,17 +272,18 @@ fn dweight_reduce_in_both_layouts_matches_the_f64_reference() {
                     "{name} {ctx}: error {err:e} > {F16_BOUND:e}"
                 );
             }
-            splits.push(split);
+            report(&format!("[aether-test] dweight reduce {ctx}: ok"));
+            layouts.push((split, columns));
         }
+        // Columns over several slices (its lanes and tree in registers), and lanes.
         assert!(
-            splits.iter().any(|&s| s <= 32) && splits.iter().any(|&s| s > 32),
-            "[{}] both layouts (32 slices or fewer, more): splits {splits:?}",
+            layouts
+                .iter()
+                .any(|&(split, columns)| columns && split >= 2)
+                && layouts.iter().any(|&(_, columns)| !columns),
+            "[{}] both layouts: (split, columns) {layouts:?}",
             variant.name()
         );
-        report(&format!(
-            "[aether-test] dweight reduce [{}] at splits {splits:?}: ok",
-            variant.name()
-        ));
     }
 }
 

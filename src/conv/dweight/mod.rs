@@ -21,8 +21,8 @@ use crate::conv::shape::{ConvParams, ConvShapeMeta};
 use crate::conv::tuning::ConvTuning;
 use crate::diagnostics::warn_once;
 use crate::error::{AetherError, Result};
-use crate::gpu::GpuContext;
 use crate::gpu::flat_grid;
+use crate::gpu::{GpuCapabilities, GpuContext};
 use crate::tensor::{DType, Shape, Tensor};
 use halo::DWeightHalo;
 
@@ -68,10 +68,14 @@ const REDUCE_FLIP: ConvKernel = ConvKernel {
 /// invocations (`OUTPUTS`, `REDUCE_WORKGROUP` in dweight/reduce.wgsl).
 const REDUCE_OUTPUTS: usize = 32;
 const REDUCE_WORKGROUP: u32 = 256;
-/// Slices up to which the reduce takes an output per invocation (columns
-/// mode) rather than spreading each output's slices over a workgroup's lanes:
-/// each invocation then walks at most this many, and the outputs are many.
+/// The reduce takes an output per invocation (columns mode) rather than
+/// spreading each output's slices over a workgroup's lanes where each
+/// invocation then walks at most this many slices...
 const REDUCE_COLUMN_SPLITS: usize = 32;
+/// ...and the outputs fill this many invocations a compute unit (4 workgroups
+/// of 256): fewer, and the lanes' 8 invocations an output keep the GPU
+/// busier (run I9: v1's 9k-74k-output reduces ran 10% slower in columns).
+const REDUCE_COLUMN_OUTPUTS_PER_UNIT: usize = 1024;
 /// Images per partial sum on the CPU path: a fixed grouping keeps the CPU result
 /// independent of the thread count.
 const CPU_IMAGES_PER_PARTIAL: usize = 4;
@@ -220,7 +224,7 @@ pub(crate) fn conv2d_dweight_into(
     // Lanes mode: REDUCE_OUTPUTS outputs per workgroup, a "grid row" is
     // `row_stride` workgroups; columns mode: an output per invocation, a grid
     // row `row_stride` invocations.
-    let columns = split <= REDUCE_COLUMN_SPLITS;
+    let columns = reduce_in_columns(ctx.caps(), split, per_slice);
     let max_groups = ctx.caps().limits.max_compute_workgroups_per_dimension;
     let (grid, row_stride) = match columns {
         true => flat_grid(per_slice, REDUCE_WORKGROUP, max_groups),
@@ -243,6 +247,16 @@ pub(crate) fn conv2d_dweight_into(
         grid,
     )?;
     Ok((dw, db, flip.is_some()))
+}
+
+/// Whether dweight's reduce of `split` slices of `outputs` values each takes
+/// an output per invocation (columns) on a device with `caps`, rather than
+/// spreading each output's slices over lanes (dweight/reduce.wgsl). Public
+/// for the tests, which size their shapes to run both.
+#[doc(hidden)]
+pub fn reduce_in_columns(caps: &GpuCapabilities, split: usize, outputs: usize) -> bool {
+    let units = caps.estimated_compute_units() as usize;
+    split <= REDUCE_COLUMN_SPLITS && outputs >= REDUCE_COLUMN_OUTPUTS_PER_UNIT * units
 }
 
 /// dweight's plan for `meta` with operands of these types, made (and its
