@@ -108,7 +108,12 @@ impl DWeightHalo {
             halo: [rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             slices: slices as u32,
         };
-        fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, DWEIGHT_HALO_ENV)?;
+        fits_memory(
+            block.workgroup_bytes(),
+            caps,
+            RULE_BYTES,
+            tuning.get(DWEIGHT_HALO_ENV).is_some(),
+        )?;
         Ok(block)
     }
 

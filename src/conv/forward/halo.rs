@@ -367,16 +367,17 @@ pub(crate) fn whole_blocks(
 }
 
 /// `Ok` where a block of `bytes` of workgroup memory fits the adapter and,
-/// unless `pinned_by` (the tuning variable) pins the block, the rule's
-/// `rule_bytes`.
+/// unless `pinned` (a tuning override pins the block: the planner's
+/// `ConvTuning`, parsed once, never the environment at planning time), the
+/// rule's `rule_bytes`.
 pub(crate) fn fits_memory(
     bytes: usize,
     caps: &GpuCapabilities,
     rule_bytes: usize,
-    pinned_by: &str,
+    pinned: bool,
 ) -> std::result::Result<(), String> {
     let mut limit = caps.limits.max_compute_workgroup_storage_size as usize;
-    if std::env::var(pinned_by).is_err() {
+    if !pinned {
         limit = limit.min(rule_bytes);
     }
     if bytes > limit {
@@ -530,7 +531,12 @@ impl HaloBlock {
             tap_buffers: 1,
         };
         runs_subgroups(caps, subgroups)?;
-        fits_memory(block.workgroup_bytes(), caps, RULE_BYTES, HALO_ENV)?;
+        fits_memory(
+            block.workgroup_bytes(),
+            caps,
+            RULE_BYTES,
+            tuning.get(HALO_ENV).is_some(),
+        )?;
         let block = block.with_tap_buffers(caps, tuning)?;
         let blocks = block.grid(meta)[0];
         if blocks > caps.limits.max_compute_workgroups_per_dimension as usize {
@@ -752,6 +758,29 @@ pub(crate) mod tests {
                 ..wgpu::Limits::default()
             },
         }
+    }
+
+    /// The rule's workgroup-memory bound gives way to a block pinned in the
+    /// planner's tuning (as the measured plans' candidates are), whatever
+    /// the environment holds, and never to the device's own limit.
+    #[test]
+    fn only_a_pinned_block_passes_the_rules_workgroup_memory() {
+        let meta =
+            ConvShapeMeta::new([2, 32, 32, 64], &ConvParams::new(64, 3, Padding::Same)).unwrap();
+        let caps = caps();
+        let pinned = ["128x2x3x8x2x64", "128x4x3x8x2x32"]
+            .into_iter()
+            .find_map(|pin| {
+                let tuning = ConvTuning::default().set(HALO_ENV, pin).ok()?;
+                let block = HaloBlock::fit(16, &meta, &caps, &tuning, Narrow::FORWARD).ok()?;
+                (block.workgroup_bytes() > RULE_BYTES).then_some(block)
+            })
+            .expect("a pinned block past the rule's workgroup memory");
+        let bytes = pinned.workgroup_bytes();
+        assert!(fits_memory(bytes, &caps, RULE_BYTES, false).is_err());
+        assert!(fits_memory(bytes, &caps, RULE_BYTES, true).is_ok());
+        let device = caps.limits.max_compute_workgroup_storage_size as usize;
+        assert!(fits_memory(device + 1, &caps, RULE_BYTES, true).is_err());
     }
 
     #[test]
