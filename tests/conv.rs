@@ -217,12 +217,7 @@ test_device!(
                 "dbias differs between runs [{variant}]"
             );
             if device.gpu_context().is_some() {
-                let split = plans
-                    .summary()
-                    .into_iter()
-                    .find(|(d, _, _)| *d == ConvDirection::DWeight)
-                    .map(|(_, _, p)| p.split_k)
-                    .unwrap();
+                let split = common::dweight_split(&plans);
                 assert!(
                     split > 1,
                     "this shape should use split-K [{variant}], got {split}"

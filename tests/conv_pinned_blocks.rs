@@ -253,12 +253,7 @@ fn dweight_reduce_in_both_layouts_matches_the_f64_reference() {
                 &plans,
             )
             .unwrap();
-            let split = plans
-                .summary()
-                .into_iter()
-                .find(|(d, _, _)| *d == ConvDirection::DWeight)
-                .map(|(_, _, p)| p.split_k)
-                .unwrap();
+            let split = common::dweight_split(&plans);
             let columns = reduce_in_columns(&caps, split as usize, rows * c_out);
             let ctx = format!(
                 "{input:?} -> {c_out}, split {split}, columns {columns} [{}] seed {}",

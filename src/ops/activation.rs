@@ -162,20 +162,36 @@ pub(crate) fn gpu_elementwise(
     inputs: &[&Tensor],
     extra: &[u32],
 ) -> Result<Tensor> {
+    let ctx = inputs[0]
+        .gpu_context()
+        .expect("non-host tensor is on a GPU");
+    let pipeline = elementwise_pipeline(ctx, kernel, entry, source)?;
+    record_elementwise(kernel, &pipeline, inputs, inputs[0].numel(), extra)
+}
+
+/// Records `pipeline` (of `kernel`) over GPU `inputs`, bound in order and
+/// then one new f32 output of the first input's shape, on `invocations`
+/// invocations (elements, or lanes of several); the uniform block is
+/// `[invocations, row_stride, extra...]`.
+pub(crate) fn record_elementwise(
+    kernel: &'static str,
+    pipeline: &wgpu::ComputePipeline,
+    inputs: &[&Tensor],
+    invocations: usize,
+    extra: &[u32],
+) -> Result<Tensor> {
     let first = inputs[0];
     let ctx = first.gpu_context().expect("non-host tensor is on a GPU");
-    let pipeline = elementwise_pipeline(ctx, kernel, entry, source)?;
     let output = Tensor::uninit_gpu(ctx, first.shape().clone(), DType::F32)?;
-    let len = first.numel();
-    let (grid, row_stride) = elementwise_grid(ctx, len);
-    let mut params = vec![len as u32, row_stride];
+    let (grid, row_stride) = elementwise_grid(ctx, invocations);
+    let mut params = vec![invocations as u32, row_stride];
     params.extend_from_slice(extra);
     let mut buffers: Vec<GpuSlice<'_>> =
         inputs.iter().map(|t| t.gpu_slice().expect("GPU")).collect();
     buffers.push(output.gpu_slice().expect("GPU"));
     ctx.dispatch(
         kernel,
-        &pipeline,
+        pipeline,
         &buffers,
         bytemuck::cast_slice(&params),
         grid,

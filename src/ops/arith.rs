@@ -4,10 +4,10 @@
 
 use rayon::prelude::*;
 
-use super::activation::{check_operands, elementwise_grid, gpu_elementwise};
+use super::activation::{check_operands, gpu_elementwise, record_elementwise};
 use crate::error::{AetherError, Result};
-use crate::gpu::{GpuSlice, PipelineKey};
-use crate::tensor::{DType, Tensor};
+use crate::gpu::PipelineKey;
+use crate::tensor::Tensor;
 
 const RELU_BITS: &str = include_str!("../../shaders/ops/relu_bits.wgsl");
 const LANES4: &str = include_str!("../../shaders/ops/arith_lanes4.wgsl");
@@ -33,24 +33,7 @@ fn gpu_arith(kernel: &'static str, source: &'static str, inputs: &[&Tensor]) -> 
         .require(&PipelineKey::new(kernel, variant), "main", || {
             [RELU_BITS, lanes, source].concat().into()
         })?;
-    let output = Tensor::uninit_gpu(ctx, first.shape().clone(), DType::F32)?;
-    let len = first.numel() / width;
-    let (grid, row_stride) = elementwise_grid(ctx, len);
-    let params = [len as u32, row_stride];
-    let buffers: Vec<GpuSlice<'_>> = inputs
-        .iter()
-        .copied()
-        .chain([&output])
-        .map(|t| t.gpu_slice().expect("GPU"))
-        .collect();
-    ctx.dispatch(
-        kernel,
-        &pipeline,
-        &buffers,
-        bytemuck::cast_slice(&params),
-        grid,
-    )?;
-    Ok(output)
+    record_elementwise(kernel, &pipeline, inputs, first.numel() / width, &[])
 }
 
 /// `a + b` elementwise; both f32 of one shape on one device.

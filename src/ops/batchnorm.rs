@@ -508,8 +508,8 @@ pub(crate) fn backward_into(
     outputs: Option<&(Tensor, Tensor)>,
     dx_out: DxStorage<'_>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let dx_dtype = dx_out.dtype;
     const OP: &str = "batch_norm_backward";
+    let dx_dtype = dx_out.dtype;
     let layout = Layout::of(OP, x)?;
     require_f32(OP, dy)?;
     if dy.dims() != x.dims() {
@@ -571,6 +571,19 @@ pub(crate) fn backward_into(
         ));
     }
     let ctx = gpu_context(x);
+    // An f32 dx is not rounded: nothing to flag. Checked before anything is
+    // recorded.
+    let flag = dx_out.saturation_flag.filter(|_| dx_dtype == DType::F16);
+    if let Some(scaler) = flag {
+        same_device(OP, &[x, scaler])?;
+        if !flags_dx_saturation(ctx) {
+            return Err(AetherError::Gpu {
+                during: "batch_norm_backward",
+                message: "asked to flag dx's saturation where the kernel cannot bind the scaler"
+                    .into(),
+            });
+        }
+    }
     // Without the fused ReLU the gate binding is dy itself, and not read.
     let gate = relu_output.unwrap_or(dy);
     let sums = partial_sums(
@@ -584,14 +597,6 @@ pub(crate) fn backward_into(
     )?;
     let into = outputs.map(|(dgamma, dbeta)| [dbeta, dgamma]);
     let ([dbeta, dgamma], _) = finalize(ctx, &sums, layout, Finish::Sums, 0.0, None, into)?;
-    // An f32 dx is not rounded: nothing to flag.
-    let flag = dx_out.saturation_flag.filter(|_| dx_dtype == DType::F16);
-    if flag.is_some() && !flags_dx_saturation(ctx) {
-        return Err(AetherError::Gpu {
-            during: "batch_norm_backward",
-            message: "asked to flag dx's saturation where the kernel cannot bind the scaler".into(),
-        });
-    }
     let (kernel, flag_source) = match flag {
         Some(_) => ("batchnorm_backward_dx_flag", GRAD_FLAG),
         None => ("batchnorm_backward_dx", GRAD_UNFLAGGED),
@@ -619,7 +624,6 @@ pub(crate) fn backward_into(
         buf(&dx),
     ];
     if let Some(scaler) = flag {
-        same_device(OP, &[x, scaler])?;
         buffers.push(buf(scaler));
     }
     ctx.dispatch(

@@ -14,6 +14,7 @@ pub mod noop;
 use std::io::Write;
 use std::sync::OnceLock;
 
+use aether::conv::{ConvDirection, ConvPlans};
 use aether::gpu::{DevicePreference, GpuOptions};
 use aether::model::{Loss, Metric};
 use aether::optim::Adam;
@@ -196,4 +197,15 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The split of dweight's reduction that `plans` chose (its first dweight
+/// plan); a panic where none was planned.
+pub fn dweight_split(plans: &ConvPlans) -> u32 {
+    plans
+        .summary()
+        .into_iter()
+        .find(|(d, _, _)| *d == ConvDirection::DWeight)
+        .map(|(_, _, p)| p.split_k)
+        .expect("a dweight plan")
 }

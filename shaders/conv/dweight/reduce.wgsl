@@ -98,7 +98,7 @@ fn reduce_slices(group: u32, index: u32) {
     store_output(i, lane_sums[index]);
 }
 
-// Invocation `index` of workgroup `group`: its share of the reduce in either
+// Invocation `index` of workgroup `wid`: its share of the reduce in either
 // mode (`row_stride` counts workgroups in lanes mode, invocations in columns
 // mode). Call from uniform control flow.
 fn reduce(wid: vec3<u32>, index: u32) {
