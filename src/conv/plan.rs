@@ -328,7 +328,7 @@ impl ConvLaunchPlan {
             z,
         ];
         // The portable kernel's workgroups take turns over row tiles past the
-        // limit (portable_gemm.wgsl); the coop core's take one block each.
+        // limit (gemm/portable.wgsl); the coop core's take one block each.
         if coop.is_none() {
             grid[0] = grid[0].min(limit);
         }

@@ -223,6 +223,19 @@ pub fn cases(turns_images: usize) -> Vec<Case> {
                 (1, 1),
             ),
         },
+        // Strided dinput on run loads (C_out % 8 == 0): classes of unequal
+        // sizes (odd extents), and a 1x1 projection whose other classes get
+        // no tap at all.
+        Case {
+            name: "3x3 stride 2 same, 16 out, odd sizes, runs on dy",
+            input: [2, 11, 9, 8],
+            params: p(16, (3, 3), (2, 2), Padding::Same, (1, 1)),
+        },
+        Case {
+            name: "1x1 stride 2 valid, runs on every operand",
+            input: [3, 7, 10, 8],
+            params: p(16, (1, 1), (2, 2), Padding::Valid, (1, 1)),
+        },
         Case {
             name: "3x3 dilation 2, runs on the weights and dy only",
             input: [2, 6, 7, 3],

@@ -19,43 +19,61 @@ struct Axis {
     first_in: u32,   // first input coordinate of the class
     count_in: u32,   // input coordinates in the class
     first_tap: u32,  // first filter tap that reaches the class
-    tap_step: u32,
     count_tap: u32,
+}
+
+// The slice's two axes, computed once per invocation (`begin_slice`) rather
+// than at every element's index.
+var<private> class_h: Axis;
+var<private> class_w: Axis;
+
+// Smallest step p > 0 with p * dil == 0 (mod stride): stride / gcd(dil, stride).
+// A function of the shape's constants only, so the compiler folds it.
+fn tap_step(stride: u32, dil: u32) -> u32 {
+    for (var p = 1u; p < stride; p++) {
+        if ((p * dil) % stride == 0u) {
+            return p;
+        }
+    }
+    return stride;
 }
 
 fn axis(q: u32, size: u32, pad: u32, stride: u32, dil: u32, taps: u32) -> Axis {
     var a: Axis;
     a.first_in = (q + stride - pad % stride) % stride;
     a.count_in = select(0u, (size - a.first_in + stride - 1u) / stride, a.first_in < size);
-    // Smallest step p > 0 with p * dil == 0 (mod stride): stride / gcd(dil, stride).
-    a.tap_step = stride;
-    for (var p = 1u; p < stride; p++) {
-        if ((p * dil) % stride == 0u) {
-            a.tap_step = p;
-            break;
-        }
-    }
+    let step = tap_step(stride, dil);
     a.first_tap = taps;
-    for (var t = 0u; t < min(taps, a.tap_step); t++) {
+    for (var t = 0u; t < min(taps, step); t++) {
         if ((t * dil) % stride == q) {
             a.first_tap = t;
             break;
         }
     }
-    a.count_tap = select(0u, (taps - 1u - a.first_tap) / a.tap_step + 1u, a.first_tap < taps);
+    a.count_tap = select(0u, (taps - 1u - a.first_tap) / step + 1u, a.first_tap < taps);
     return a;
 }
 
-fn axis_h(z: u32) -> Axis {
-    return axis(z / STRIDE_W, H, PAD_TOP, STRIDE_H, DIL_H, R);
+fn begin_slice(z: u32) {
+    class_h = axis(z / STRIDE_W, H, PAD_TOP, STRIDE_H, DIL_H, R);
+    class_w = axis(z % STRIDE_W, W, PAD_LEFT, STRIDE_W, DIL_W, S);
 }
 
-fn axis_w(z: u32) -> Axis {
-    return axis(z % STRIDE_W, W, PAD_LEFT, STRIDE_W, DIL_W, S);
+// (x / d, x % d) for a count d of a class, which is always lo or hi: every
+// class of `size` coordinates over `step` has floor or ceil of size / step of
+// them (0 only where floor is). Dividing by the two constants costs a few
+// multiplies; dividing by d itself, a runtime division at every element.
+fn split_by_count(x: u32, d: u32, size: u32, step: u32) -> vec2<u32> {
+    let hi = (size + step - 1u) / step;
+    if (d == hi) {
+        return vec2<u32>(x / hi, x % hi);
+    }
+    let lo = max(size / step, 1u);
+    return vec2<u32>(x / lo, x % lo);
 }
 
 fn gemm_rows(z: u32) -> u32 {
-    return params.n * axis_h(z).count_in * axis_w(z).count_in;
+    return params.n * class_h.count_in * class_w.count_in;
 }
 
 fn gemm_cols() -> u32 {
@@ -63,27 +81,30 @@ fn gemm_cols() -> u32 {
 }
 
 fn reduction_range(z: u32) -> vec2<u32> {
-    return vec2<u32>(0u, axis_h(z).count_tap * axis_w(z).count_tap * C_OUT);
+    return vec2<u32>(0u, class_h.count_tap * class_w.count_tap * C_OUT);
 }
 
 // Input coordinates (n, h, w) of a class row.
 fn class_position(z: u32, row: u32) -> vec3<u32> {
-    let ah = axis_h(z);
-    let aw = axis_w(z);
-    let iw = row % aw.count_in;
-    let ih = (row / aw.count_in) % ah.count_in;
-    let n = row / (aw.count_in * ah.count_in);
-    return vec3<u32>(n, ah.first_in + ih * STRIDE_H, aw.first_in + iw * STRIDE_W);
+    let along_w = split_by_count(row, class_w.count_in, W, STRIDE_W);
+    let along_h = split_by_count(along_w.x, class_h.count_in, H, STRIDE_H);
+    return vec3<u32>(
+        along_h.x,
+        class_h.first_in + along_h.y * STRIDE_H,
+        class_w.first_in + along_w.y * STRIDE_W,
+    );
 }
 
 // Filter tap (r, s) and output channel of a reduction index.
 fn class_tap(z: u32, red: u32) -> vec3<u32> {
-    let ah = axis_h(z);
-    let aw = axis_w(z);
-    let co = red % C_OUT;
-    let js = (red / C_OUT) % aw.count_tap;
-    let jr = red / (C_OUT * aw.count_tap);
-    return vec3<u32>(ah.first_tap + jr * ah.tap_step, aw.first_tap + js * aw.tap_step, co);
+    let step_h = tap_step(STRIDE_H, DIL_H);
+    let step_w = tap_step(STRIDE_W, DIL_W);
+    let tap = split_by_count(red / C_OUT, class_w.count_tap, S, step_w);
+    return vec3<u32>(
+        class_h.first_tap + tap.x * step_h,
+        class_w.first_tap + tap.y * step_w,
+        red % C_OUT,
+    );
 }
 
 // Offset in `dy` of A's element (row, red), or -1 where no output position
