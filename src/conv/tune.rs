@@ -240,27 +240,62 @@ fn key(direction: ConvDirection, meta: &ConvShapeMeta) -> String {
 
 /// Times each candidate of `work`'s `direction` (a tuning and the plan it
 /// made, the rule's first) at its shape, and keeps the fastest's tuning in
-/// `ctx` (written to its file by [`TunedPlans::save`]). A candidate that
-/// fails to run is left out; where none runs, that is announced, nothing is
-/// kept, and the rule plans.
+/// `ctx` (written to its file by [`TunedPlans::save`]). The candidates take
+/// turns, one round of [`CALLS`] calls each per turn over [`ROUNDS`] turns,
+/// and each keeps its fastest round: a clock still rising in the first step,
+/// or other work on the GPU, then weighs on every candidate alike instead of
+/// on whichever was timed first. A candidate that fails to run is left out;
+/// where none runs, that is announced, nothing is kept, and the rule plans.
 pub(crate) fn choose(
     ctx: &Arc<GpuContext>,
     work: &ConvWork<'_>,
     direction: ConvDirection,
     candidates: &[(ConvTuning, ConvLaunchPlan)],
 ) {
-    let mut best: Option<(f64, &ConvTuning)> = None;
     let mut failures = Vec::new();
-    for (tuning, plan) in candidates {
-        match time(ctx, work, direction, plan) {
-            Ok(nanos) if best.is_none_or(|(fastest, _)| nanos < fastest) => {
-                best = Some((nanos, tuning));
+    let mut timed: Vec<(&ConvTuning, Call<'_>, f64)> = Vec::new();
+    match Operands::new(ctx, work, direction) {
+        Ok(operands) => {
+            let operands = Arc::new(operands);
+            for (tuning, plan) in candidates {
+                let call = operands.clone().call(ctx, work, direction, plan);
+                // A first call outside the timing: pipelines, buffers and bind
+                // groups made.
+                match call().and_then(|()| ctx.wait_idle()) {
+                    Ok(()) => timed.push((tuning, call, f64::INFINITY)),
+                    Err(e) => failures.push(e.to_string()),
+                }
             }
-            Ok(_) => {}
-            Err(e) => failures.push(e.to_string()),
+        }
+        Err(e) => failures.push(e.to_string()),
+    }
+    for _ in 0..ROUNDS {
+        timed.retain_mut(|(_, call, fastest)| match time_round(ctx, call.as_ref()) {
+            Ok(nanos) => {
+                *fastest = fastest.min(nanos);
+                true
+            }
+            Err(e) => {
+                failures.push(e.to_string());
+                false
+            }
+        });
+    }
+    // A span that timed nothing (or a clock that did not move) says nothing
+    // of the candidate: it must not win.
+    for (_, _, fastest) in &timed {
+        if !(fastest.is_finite() && *fastest > 0.0) {
+            failures.push(format!(
+                "{direction:?} on {:?} timed {fastest} ns",
+                work.meta.key()
+            ));
         }
     }
-    let Some((_, chosen)) = best else {
+    let best = timed
+        .iter()
+        .filter(|(_, _, fastest)| fastest.is_finite() && *fastest > 0.0)
+        .min_by(|a, b| a.2.total_cmp(&b.2));
+    let Some((chosen, _, _)) = best else {
         // Nothing kept: a later process measures again.
         warn_once(
             &format!("tune:{direction:?}:{:?}", work.meta.key()),
@@ -276,61 +311,68 @@ pub(crate) fn choose(
     ctx.tuned_plans().keep(direction, &work.meta, chosen);
 }
 
-/// GPU nanoseconds of one call of `direction` with `plan` on `work`'s shape
-/// (the fastest of [`ROUNDS`] rounds of [`CALLS`] calls back to back), on
-/// scratch operands; wall time where the adapter has no timestamps.
-fn time(
-    ctx: &Arc<GpuContext>,
-    work: &ConvWork<'_>,
-    direction: ConvDirection,
-    plan: &ConvLaunchPlan,
-) -> Result<f64> {
-    let meta = &work.meta;
-    let plans = ConvPlans::with_plan(ctx, direction, meta, *plan);
-    let scratch = |dims: [usize; 4], dtype| Tensor::uninit_gpu(ctx, Shape::new(dims)?, dtype);
-    let operands = work.backward.unwrap_or(work.weights);
-    let call: Box<dyn Fn() -> Result<()>> = match direction {
-        ConvDirection::Forward => {
-            let x = scratch(meta.input_dims(), work.input)?;
-            let w = scratch(meta.weight_dims(), work.weights)?;
-            let bias = Tensor::uninit_gpu(ctx, Shape::new([meta.c_out])?, DType::F32)?;
-            Box::new(move || conv2d_forward(&x, &w, &bias, &work.params, &plans).map(|_| ()))
-        }
-        ConvDirection::DWeight => {
-            let x = scratch(meta.input_dims(), work.input)?;
-            let dy = scratch(meta.output_dims(), operands)?;
-            Box::new(move || conv2d_dweight(&x, &dy, &work.params, &plans).map(|_| ()))
-        }
-        ConvDirection::DInput => {
-            let dy = scratch(meta.output_dims(), operands)?;
-            let w = scratch(meta.weight_dims(), work.weights)?;
-            let dims = meta.input_dims();
-            Box::new(move || conv2d_dinput(&dy, &w, dims, &work.params, &plans).map(|_| ()))
-        }
-    };
-    // A first call outside the timing: buffers and bind groups made.
-    call()?;
-    ctx.wait_idle()?;
-    let mut fastest = f64::INFINITY;
-    for _ in 0..ROUNDS {
-        let nanos = if ctx.caps().timestamps {
-            ctx.timed_span(|| (0..CALLS).try_for_each(|_| call()))?.1
-        } else {
-            let start = Instant::now();
-            (0..CALLS).try_for_each(|_| call())?;
-            ctx.wait_idle()?;
-            start.elapsed().as_secs_f64() * 1e9
-        };
-        fastest = fastest.min(nanos / CALLS as f64);
-    }
-    // A span that timed nothing (or a clock that did not move) says nothing
-    // of the candidate: it must not win.
-    if fastest.is_finite() && fastest > 0.0 {
-        Ok(fastest)
-    } else {
-        Err(AetherError::Gpu {
-            during: "timing a conv plan",
-            message: format!("{direction:?} on {:?} timed {fastest} ns", meta.key()),
+/// One call of a candidate's plan on the shared operands.
+type Call<'a> = Box<dyn Fn() -> Result<()> + 'a>;
+
+/// Scratch operands of one direction at `work`'s shape, shared by every
+/// candidate timed on it (their values do not matter to the timing).
+enum Operands {
+    Forward { x: Tensor, w: Tensor, bias: Tensor },
+    DWeight { x: Tensor, dy: Tensor },
+    DInput { dy: Tensor, w: Tensor },
+}
+
+impl Operands {
+    fn new(ctx: &Arc<GpuContext>, work: &ConvWork<'_>, direction: ConvDirection) -> Result<Self> {
+        let meta = &work.meta;
+        let scratch = |dims: &[usize], dtype| Tensor::uninit_gpu(ctx, Shape::new(dims)?, dtype);
+        let operands = work.backward.unwrap_or(work.weights);
+        Ok(match direction {
+            ConvDirection::Forward => Self::Forward {
+                x: scratch(&meta.input_dims(), work.input)?,
+                w: scratch(&meta.weight_dims(), work.weights)?,
+                bias: scratch(&[meta.c_out], DType::F32)?,
+            },
+            ConvDirection::DWeight => Self::DWeight {
+                x: scratch(&meta.input_dims(), work.input)?,
+                dy: scratch(&meta.output_dims(), operands)?,
+            },
+            ConvDirection::DInput => Self::DInput {
+                dy: scratch(&meta.output_dims(), operands)?,
+                w: scratch(&meta.weight_dims(), work.weights)?,
+            },
         })
     }
+
+    /// One call of `direction` with `plan` on these operands.
+    fn call<'a>(
+        self: Arc<Self>,
+        ctx: &Arc<GpuContext>,
+        work: &'a ConvWork<'_>,
+        direction: ConvDirection,
+        plan: &ConvLaunchPlan,
+    ) -> Call<'a> {
+        let plans = ConvPlans::with_plan(ctx, direction, &work.meta, *plan);
+        let params = &work.params;
+        let dims = work.meta.input_dims();
+        Box::new(move || match self.as_ref() {
+            Self::Forward { x, w, bias } => conv2d_forward(x, w, bias, params, &plans).map(|_| ()),
+            Self::DWeight { x, dy } => conv2d_dweight(x, dy, params, &plans).map(|_| ()),
+            Self::DInput { dy, w } => conv2d_dinput(dy, w, dims, params, &plans).map(|_| ()),
+        })
+    }
+}
+
+/// GPU nanoseconds a call of one round of [`CALLS`] calls of `call` back to
+/// back; wall time where the adapter has no timestamps.
+fn time_round(ctx: &Arc<GpuContext>, call: &dyn Fn() -> Result<()>) -> Result<f64> {
+    let nanos = if ctx.caps().timestamps {
+        ctx.timed_span(|| (0..CALLS).try_for_each(|_| call()))?.1
+    } else {
+        let start = Instant::now();
+        (0..CALLS).try_for_each(|_| call())?;
+        ctx.wait_idle()?;
+        start.elapsed().as_secs_f64() * 1e9
+    };
+    Ok(nanos / CALLS as f64)
 }
