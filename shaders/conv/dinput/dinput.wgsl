@@ -22,11 +22,6 @@ struct Axis {
     count_tap: u32,
 }
 
-// The slice's two axes, computed once per invocation (`begin_slice`) rather
-// than at every element's index.
-var<private> class_h: Axis;
-var<private> class_w: Axis;
-
 // Smallest step p > 0 with p * dil == 0 (mod stride): stride / gcd(dil, stride).
 // A function of the shape's constants only, so the compiler folds it.
 fn tap_step(stride: u32, dil: u32) -> u32 {
@@ -54,9 +49,12 @@ fn axis(q: u32, size: u32, pad: u32, stride: u32, dil: u32, taps: u32) -> Axis {
     return a;
 }
 
-fn begin_slice(z: u32) {
-    class_h = axis(z / STRIDE_W, H, PAD_TOP, STRIDE_H, DIL_H, R);
-    class_w = axis(z % STRIDE_W, W, PAD_LEFT, STRIDE_W, DIL_W, S);
+fn axis_h(z: u32) -> Axis {
+    return axis(z / STRIDE_W, H, PAD_TOP, STRIDE_H, DIL_H, R);
+}
+
+fn axis_w(z: u32) -> Axis {
+    return axis(z % STRIDE_W, W, PAD_LEFT, STRIDE_W, DIL_W, S);
 }
 
 // (x / d, x % d) for a count d of a class, which is always lo or hi: every
@@ -73,7 +71,7 @@ fn split_by_count(x: u32, d: u32, size: u32, step: u32) -> vec2<u32> {
 }
 
 fn gemm_rows(z: u32) -> u32 {
-    return params.n * class_h.count_in * class_w.count_in;
+    return params.n * axis_h(z).count_in * axis_w(z).count_in;
 }
 
 fn gemm_cols() -> u32 {
@@ -81,11 +79,13 @@ fn gemm_cols() -> u32 {
 }
 
 fn reduction_range(z: u32) -> vec2<u32> {
-    return vec2<u32>(0u, class_h.count_tap * class_w.count_tap * C_OUT);
+    return vec2<u32>(0u, axis_h(z).count_tap * axis_w(z).count_tap * C_OUT);
 }
 
 // Input coordinates (n, h, w) of a class row.
 fn class_position(z: u32, row: u32) -> vec3<u32> {
+    let class_h = axis_h(z);
+    let class_w = axis_w(z);
     let along_w = split_by_count(row, class_w.count_in, W, STRIDE_W);
     let along_h = split_by_count(along_w.x, class_h.count_in, H, STRIDE_H);
     return vec3<u32>(
@@ -97,6 +97,8 @@ fn class_position(z: u32, row: u32) -> vec3<u32> {
 
 // Filter tap (r, s) and output channel of a reduction index.
 fn class_tap(z: u32, red: u32) -> vec3<u32> {
+    let class_h = axis_h(z);
+    let class_w = axis_w(z);
     let step_h = tap_step(STRIDE_H, DIL_H);
     let step_w = tap_step(STRIDE_W, DIL_W);
     let tap = split_by_count(red / C_OUT, class_w.count_tap, S, step_w);

@@ -13,8 +13,6 @@ struct Params {
 }
 @group(0) @binding(3) var<uniform> params: Params;
 
-fn begin_slice(z: u32) {}
-
 fn gemm_rows(z: u32) -> u32 {
     return R * S * C_IN + 1u;
 }

@@ -10,8 +10,6 @@ struct Params {
 }
 @group(0) @binding(4) var<uniform> params: Params;
 
-fn begin_slice(z: u32) {}
-
 fn gemm_rows(z: u32) -> u32 {
     return params.n * H_OUT * W_OUT;
 }

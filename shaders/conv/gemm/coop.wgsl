@@ -1,6 +1,6 @@
 // The cooperative-matrix GEMM shared by the three conv directions, with the same
-// contract as portable.wgsl (begin_slice, gemm_rows, gemm_cols, reduction_range,
-// load_a, load_b, store_c) plus run loads: `load_a_run` / `load_b_run` return 8
+// contract as portable.wgsl (gemm_rows, gemm_cols, reduction_range, load_a,
+// load_b, store_c) plus run loads: `load_a_run` / `load_b_run` return 8
 // consecutive elements along the operand's contiguous axis as a `Run` (two
 // vec4<f16>), so the index arithmetic is done once per 8 elements and a run
 // moves as two 8-byte values. A_RUNS_ALONG_K / B_RUNS_ALONG_K say which axis
@@ -174,7 +174,6 @@ fn main(
     @builtin(subgroup_invocation_id) lane: u32,
 ) {
     let z = wid.z;
-    begin_slice(z);
     let row0 = wid.x * BM;
     let col0 = wid.y * BN;
     let rows = gemm_rows(z);

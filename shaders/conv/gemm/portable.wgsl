@@ -1,8 +1,7 @@
 // The portable tiled GEMM shared by the three conv directions:
 //   C[row, col] = sum over red in reduction_range(z) of load_a(z, row, red) * load_b(z, red, col)
-// Each direction supplies begin_slice (called first, with the slice z: where a
-// direction computes what every element of the slice shares), gemm_rows,
-// gemm_cols, reduction_range, load_a, load_b and store_c. A 16x16 workgroup computes a 64x64 tile, 4x4 outputs a thread,
+// Each direction supplies gemm_rows, gemm_cols, reduction_range, load_a, load_b
+// and store_c. A 16x16 workgroup computes a 64x64 tile, 4x4 outputs a thread,
 // staging 16-deep slices of A and B through workgroup memory (f32 whatever the
 // operand type). Every load and store is predicated, so tiles may end anywhere.
 // A workgroup takes row tiles wid.x, wid.x + groups.x, ...: where the rows need
@@ -22,7 +21,6 @@ fn main(
     @builtin(local_invocation_id) lid: vec3<u32>,
 ) {
     let z = wid.z;
-    begin_slice(z);
     let col0 = wid.y * TILE;
     let flat = lid.y * 16u + lid.x;
     let rows = gemm_rows(z);
