@@ -1204,7 +1204,10 @@ impl Model {
             let sources = self.sources(i);
             let need_dx = sources.iter().any(|s| matches!(s, NodeId::Layer(_)));
             if let Some(scaler) = &self.scaler {
-                if self.layers[i].rounds_output_grad_to_f16(&self.device) && !flagged[i] {
+                if self.layers[i].rounds_output_grad_to_f16(&self.device)
+                    && !flagged[i]
+                    && !self.layers[i].flag_output_grad_saturation(scaler.state(), &dy)
+                {
                     scaler.check_saturation(&dy)?;
                 }
                 // An f16 input gradient goes to one layer that rounds it

@@ -328,6 +328,77 @@ fn batchnorm_flags_the_saturation_of_the_gradient_it_writes() {
     assert_ne!(weights(&model), before, "a step at scale 1 trains");
 }
 
+/// A conv fed an f32 output gradient (here by global average pooling)
+/// rounds it to f16 itself, and its cast raises the scaler's flag where the
+/// gradient saturates, so no check kernel runs for it; the overflow still
+/// skips the step and halves the scale.
+#[test]
+fn a_conv_flags_the_saturation_of_the_gradient_it_rounds() {
+    if f16_gpu().is_none() {
+        return;
+    }
+    // A device of this test's own: the shared one times the kernels of the
+    // tests beside it too.
+    let gpu = Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap();
+    let ctx = gpu.gpu_context().expect("a GPU").clone();
+    if !ctx.caps().timestamps {
+        common::skip("no timestamps to list the step's kernels");
+        return;
+    }
+    let mut rng = Rng::fresh();
+    // Two labels apart: at 2^24 the loss gradient is near 2^23, and pooling
+    // over the 36 positions leaves each near 2^18, past 65504; at 1 it fits.
+    let x = rng.vec(2 * SIDE * SIDE * 3);
+    let first = (rng.next_u64() % 8) as u32;
+    let y = vec![first, (first + 1 + (rng.next_u64() % 7) as u32) % 8];
+    let scale = LossScale::Dynamic {
+        init: 16_777_216.0,
+        growth_interval: 2000,
+    };
+    let mut model = pooled_conv(rng.next_u64(), scale, &gpu);
+    let before = weights(&model);
+    let (_, times) = ctx.timed(256, || model.train_batch(&x, &y)).unwrap();
+    model.check_steps().unwrap();
+    let labels: Vec<&str> = times.iter().map(|t| t.label).collect();
+    assert!(labels.contains(&"cast_f16"), "{labels:?}");
+    assert!(
+        !labels.contains(&"loss_scale_saturation"),
+        "a check dispatched for a gradient the conv flags: {labels:?}"
+    );
+    assert_eq!(model.loss_scale().unwrap(), Some((8_388_608.0, 0)));
+    assert_eq!(
+        weights(&model),
+        before,
+        "a skipped step changed the weights"
+    );
+    // At a scale it fits, the step trains and the scale holds.
+    let mut model = pooled_conv(rng.next_u64(), LossScale::Static(1.0), &gpu);
+    let before = weights(&model);
+    model.train_batch(&x, &y).unwrap();
+    model.check_steps().unwrap();
+    assert_ne!(weights(&model), before, "a step at scale 1 trains");
+}
+
+/// A conv whose output gradient comes from global average pooling, in f32:
+/// only the conv's own cast rounds it.
+fn pooled_conv(seed: u64, scale: LossScale, device: &Device) -> Model {
+    let mut model = Model::new().seed(seed);
+    model.add(Conv2d::new(8, (3, 3), Padding::Same));
+    model.add(GlobalAvgPool::default());
+    model.add(Flatten::default());
+    model.configure(
+        Loss::SoftmaxCrossEntropy {
+            label_smoothing: 0.0,
+        },
+        Sgd::new(0.05),
+        Metric::CategoricalAccuracy,
+    );
+    model.set_loss_scale(scale).unwrap();
+    model.to(device).unwrap();
+    model.finalize(&INPUT).unwrap();
+    model
+}
+
 /// A static scale does not back off: its overflow stops training as a
 /// non-finite gradient does, naming the step.
 #[test]

@@ -17,6 +17,8 @@ use crate::tensor::{DType, Shape, Tensor};
 const F16_BITS: &str = include_str!("../../shaders/common/f16_bits.wgsl");
 const BACKWARD_CAST: &str = include_str!("../../shaders/conv/cast/backward_cast.wgsl");
 const CAST: &str = include_str!("../../shaders/conv/cast/cast.wgsl");
+const FLAG: &str = include_str!("../../shaders/conv/cast/saturation_flag.wgsl");
+const UNFLAGGED: &str = include_str!("../../shaders/conv/cast/saturation_unflagged.wgsl");
 const WORKGROUP: u32 = 256;
 /// Elements per invocation: two 16-byte loads of f32, one 16-byte store of f16.
 /// Pooled buffers come in 256-byte granules, so the last group's vector loads
@@ -38,18 +40,33 @@ fn require_f32(op: &'static str, t: &Tensor) -> Result<()> {
 
 /// `x` as f16, clipped to +-65504 first when `clip` is set.
 pub fn cast_f16(x: &Tensor, clip: bool) -> Result<Tensor> {
-    cast_f16_from(x, clip, Tensor::uninit_gpu)
+    cast_f16_from(x, clip, None, Tensor::uninit_gpu)
 }
 
 /// [`cast_f16`] for a result kept across calls (a weight's f16 shadow), in a
 /// new buffer rather than a recycled one (see [`Tensor::uninit_gpu_kept`]).
 pub(crate) fn cast_f16_kept(x: &Tensor, clip: bool) -> Result<Tensor> {
-    cast_f16_from(x, clip, Tensor::uninit_gpu_kept)
+    cast_f16_from(x, clip, None, Tensor::uninit_gpu_kept)
+}
+
+/// An output gradient `dy` as f16, clipped, in the dispatch that also raises
+/// the loss scaler's overflow flag (word 2 of its `scaler` state, on the same
+/// GPU) where a value saturates f16, as the scaler's own check of `dy` would.
+pub(crate) fn cast_f16_flagging(dy: &Tensor, scaler: &Tensor) -> Result<Tensor> {
+    if !dy.device().same_as(&scaler.device()) {
+        return Err(AetherError::DeviceMismatch {
+            op: "cast_f16 with a saturation flag",
+            a: dy.device().name(),
+            b: scaler.device().name(),
+        });
+    }
+    cast_f16_from(dy, true, Some(scaler), Tensor::uninit_gpu)
 }
 
 fn cast_f16_from(
     x: &Tensor,
     clip: bool,
+    scaler: Option<&Tensor>,
     alloc: fn(&Arc<GpuContext>, Shape, DType) -> Result<Tensor>,
 ) -> Result<Tensor> {
     require_f32("cast_f16", x)?;
@@ -66,17 +83,23 @@ fn cast_f16_from(
         return Tensor::from_f16(x.dims().to_vec(), out, &x.device());
     }
     let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
-    let key = PipelineKey::new("cast_f16", "portable").with("CLIP", u32::from(clip));
+    let (variant, flag) = match scaler {
+        Some(_) => ("flagging", FLAG),
+        None => ("portable", UNFLAGGED),
+    };
+    let key = PipelineKey::new("cast_f16", variant).with("CLIP", u32::from(clip));
     let pipeline = ctx
         .pipelines()
-        .require(&key, "main", || [F16_BITS, CAST].concat().into())?;
+        .require(&key, "main", || [F16_BITS, flag, CAST].concat().into())?;
     let out = alloc(ctx, x.shape().clone(), DType::F16)?;
     let (grid, row_stride) = group_grid(ctx, x.numel().div_ceil(GROUP));
     let params = [x.numel() as u32, row_stride];
+    let mut buffers = vec![gpu(x), gpu(&out)];
+    buffers.extend(scaler.map(gpu));
     ctx.dispatch(
         "cast_f16",
         &pipeline,
-        &[gpu(x), gpu(&out)],
+        &buffers,
         bytemuck::cast_slice(&params),
         grid,
     )?;

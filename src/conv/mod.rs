@@ -33,8 +33,8 @@ pub mod shape;
 pub mod tune;
 pub mod tuning;
 
-pub(crate) use cast::cast_f16_kept;
 pub use cast::{cast_f16, clip_f16_range, conv_backward_cast_fp16};
+pub(crate) use cast::{cast_f16_flagging, cast_f16_kept};
 pub use dinput::{conv2d_dinput, conv2d_dinput_flipped, dinput_flipped_filter};
 pub use dweight::conv2d_dweight;
 pub use forward::conv2d_forward;

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use super::init::{dirac_leading_filters, he_normal};
 use super::{Layer, LayerSpec, Mode, Param, StepKind, batched_dims, cached, hwc, state_size};
 use crate::conv::{
-    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, ConvWork, Padding, cast_f16, cast_f16_kept,
-    conv2d_forward,
+    ConvParams, ConvPlans, ConvShapeMeta, ConvVariant, ConvWork, Padding, cast_f16,
+    cast_f16_flagging, cast_f16_kept, conv2d_forward,
     dinput::{conv2d_dinput_flipped, flipped_filter_target},
     dweight::conv2d_dweight_into,
 };
@@ -43,6 +43,9 @@ pub struct Conv2d {
     grads: Option<(Tensor, Tensor)>,
     /// Where the backward writes `(dW, dbias)` (see `Layer::set_grad_outputs`).
     grad_outputs: Option<(Tensor, Tensor)>,
+    /// For the next backward: the loss scaler's state, whose flag the cast
+    /// of an f32 `dy` raises (see `Layer::flag_output_grad_saturation`).
+    saturation_flag: Option<Tensor>,
     plans: ConvPlans,
 }
 
@@ -83,6 +86,7 @@ impl Conv2d {
             input: None,
             grads: None,
             grad_outputs: None,
+            saturation_flag: None,
             plans: ConvPlans::new(),
         }
     }
@@ -241,10 +245,13 @@ impl Layer for Conv2d {
         let params = self.weights()?.params;
         let dims = x.shape().nhwc("Conv2d::backward input")?;
         // Cast dy once here for both gradients (dweight and dinput would each
-        // cast it otherwise). An f32 input goes as it is: dweight reads it as
-        // f32 and converts while staging, as the forward does.
-        let dy = match dy.dtype() {
-            DType::F32 if f16_kernels_first(x.gpu_context()) => cast_f16(dy, true)?,
+        // cast it otherwise), raising the scaler's flag where asked to. An f32
+        // input goes as it is: dweight reads it as f32 and converts while
+        // staging, as the forward does.
+        let flag = self.saturation_flag.take();
+        let dy = match (dy.dtype(), flag) {
+            (DType::F32, Some(scaler)) => cast_f16_flagging(dy, &scaler)?,
+            (DType::F32, None) if f16_kernels_first(x.gpu_context()) => cast_f16(dy, true)?,
             _ => dy.clone(),
         };
         // Where dinput runs the halo kernel, dweight's reduce also writes the
@@ -388,8 +395,17 @@ impl Layer for Conv2d {
         }
     }
 
+    fn flag_output_grad_saturation(&mut self, scaler: &Tensor, dy: &Tensor) -> bool {
+        let flags = dy.dtype() == DType::F32
+            && f16_kernels_first(dy.gpu_context())
+            && dy.device().same_as(&scaler.device());
+        self.saturation_flag = flags.then(|| scaler.clone());
+        flags
+    }
+
     fn end_step(&mut self) {
         (self.input, self.grads) = (None, None);
+        self.saturation_flag = None;
     }
 
     fn conv_plans(&self) -> Option<&ConvPlans> {
@@ -506,6 +522,10 @@ impl Layer for Dense {
     /// The conv's backward casts the gradient to f16, as a conv's does.
     fn rounds_output_grad_to_f16(&self, device: &Device) -> bool {
         self.conv.rounds_output_grad_to_f16(device)
+    }
+
+    fn flag_output_grad_saturation(&mut self, scaler: &Tensor, dy: &Tensor) -> bool {
+        self.conv.flag_output_grad_saturation(scaler, dy)
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {

@@ -309,6 +309,16 @@ pub trait Layer: Send {
         false
     }
 
+    /// For the next backward only, on a GPU: the loss scaler's state (word 2
+    /// its overflow flag) where this layer rounds its output gradient `dy`
+    /// to f16 itself ([`Layer::rounds_output_grad_to_f16`]). A layer that
+    /// can raises the flag in the pass that rounds `dy`, where a value
+    /// saturates f16, as the scaler's own check of `dy` would, and returns
+    /// true: the model then records no check of its own. By default no.
+    fn flag_output_grad_saturation(&mut self, _scaler: &Tensor, _dy: &Tensor) -> bool {
+        false
+    }
+
     /// Told (after every build and device move) whether the previous layer
     /// rounds the gradient this one returns to f16
     /// ([`Layer::rounds_output_grad_to_f16`]): a layer that can then returns
