@@ -245,9 +245,18 @@ fn an_overflow_hidden_by_the_clip_skips_the_step_and_halves_the_scale() {
 /// A conv whose output gradient BatchNorm writes, as f16, and nothing else
 /// rounds: the only place a scaled gradient can saturate f16 unseen.
 fn bn_fed_conv(seed: u64, scale: LossScale, device: &Device) -> Model {
+    pooled_conv_net(seed, scale, device, true)
+}
+
+/// A conv, BatchNorm where `batchnorm` (the conv then bias-free), global
+/// average pooling: the conv's output gradient comes from BatchNorm's dx or,
+/// without it, from the pool in f32.
+fn pooled_conv_net(seed: u64, scale: LossScale, device: &Device, batchnorm: bool) -> Model {
     let mut model = Model::new().seed(seed);
-    model.add(Conv2d::new(8, (3, 3), Padding::Same).bias(false));
-    model.add(BatchNorm::new(0.9, 1e-5));
+    model.add(Conv2d::new(8, (3, 3), Padding::Same).bias(!batchnorm));
+    if batchnorm {
+        model.add(BatchNorm::new(0.9, 1e-5));
+    }
     model.add(GlobalAvgPool::default());
     model.add(Flatten::default());
     model.configure(
@@ -355,7 +364,7 @@ fn a_conv_flags_the_saturation_of_the_gradient_it_rounds() {
         init: 16_777_216.0,
         growth_interval: 2000,
     };
-    let mut model = pooled_conv(rng.next_u64(), scale, &gpu);
+    let mut model = pooled_conv_net(rng.next_u64(), scale, &gpu, false);
     let before = weights(&model);
     let (_, times) = ctx.timed(256, || model.train_batch(&x, &y)).unwrap();
     model.check_steps().unwrap();
@@ -372,31 +381,11 @@ fn a_conv_flags_the_saturation_of_the_gradient_it_rounds() {
         "a skipped step changed the weights"
     );
     // At a scale it fits, the step trains and the scale holds.
-    let mut model = pooled_conv(rng.next_u64(), LossScale::Static(1.0), &gpu);
+    let mut model = pooled_conv_net(rng.next_u64(), LossScale::Static(1.0), &gpu, false);
     let before = weights(&model);
     model.train_batch(&x, &y).unwrap();
     model.check_steps().unwrap();
     assert_ne!(weights(&model), before, "a step at scale 1 trains");
-}
-
-/// A conv whose output gradient comes from global average pooling, in f32:
-/// only the conv's own cast rounds it.
-fn pooled_conv(seed: u64, scale: LossScale, device: &Device) -> Model {
-    let mut model = Model::new().seed(seed);
-    model.add(Conv2d::new(8, (3, 3), Padding::Same));
-    model.add(GlobalAvgPool::default());
-    model.add(Flatten::default());
-    model.configure(
-        Loss::SoftmaxCrossEntropy {
-            label_smoothing: 0.0,
-        },
-        Sgd::new(0.05),
-        Metric::CategoricalAccuracy,
-    );
-    model.set_loss_scale(scale).unwrap();
-    model.to(device).unwrap();
-    model.finalize(&INPUT).unwrap();
-    model
 }
 
 /// A static scale does not back off: its overflow stops training as a
