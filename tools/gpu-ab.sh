@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# A/B timing of two revisions on the device machine, packed here.
+#
+#   bash tools/gpu-ab.sh BASE [HEAD]     # HEAD defaults to the working tree
+#
+# Builds `cifar10_breakdown` and `conv_passes` of BASE and HEAD (git worktrees
+# building into target/ab, which keeps their dependencies between runs: a
+# shared target dir would let one tree's build overwrite the other's examples
+# under names cargo still thinks fresh), strips them into the git-ignored .gpu-pack/{base,head}/, and writes
+# .gpu-pack/run.sh for the device (carry .gl and .gpu-pack):
+#
+#   bash .gpu-pack/run.sh [ROUNDS] [MODELS...]   # defaults: 2 resnet18 airbench94 v1
+#
+# There, base measures the conv plans once (AETHER_TUNE_CONVS=1) into one
+# cache dir that both builds then read, so the kernels differ and the plans do
+# not; per model the builds alternate ROUNDS times (pipelined ms/step with the
+# batch resident), then `conv_passes --parts` on ResNet-18's convs for each,
+# then PyTorch's `benches/pytorch_models.py` where torch imports. Results go
+# into one $OUT/results.tgz, rewritten after each model, so a run cut short
+# still brings back what it measured (and stays under the file-count limit).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=${1:?usage: bash tools/gpu-ab.sh BASE [HEAD]}
+head=${2:-}
+examples=(--example cifar10_breakdown --example conv_passes)
+pack() { # dir target tree: copy the examples just built in target
+    mkdir -p ".gpu-pack/$1"
+    cp "$2"/release/examples/{cifar10_breakdown,conv_passes} ".gpu-pack/$1/"
+    strip ".gpu-pack/$1"/{cifar10_breakdown,conv_passes}
+    git -C "$3" rev-parse --short HEAD >".gpu-pack/$1/REV"
+}
+rm -rf .gpu-pack && mkdir -p .gpu-pack
+build_rev() { # dir rev
+    local tree
+    tree=$(mktemp -d /tmp/aether-ab.XXXXXX)
+    git worktree add --detach -q "$tree" "$2"
+    (cd "$tree" && CARGO_TARGET_DIR="$OLDPWD/target/ab" cargo build --release "${examples[@]}")
+    pack "$1" target/ab "$tree"
+    git worktree remove --force "$tree"
+}
+build_rev base "$base"
+if [ -n "$head" ]; then
+    build_rev head "$head"
+else
+    cargo build --release "${examples[@]}"
+    pack head target .
+    git diff --quiet HEAD || echo "dirty" >>.gpu-pack/head/REV
+fi
+cat >.gpu-pack/run.sh <<'EOF'
+#!/usr/bin/env bash
+# Written by tools/gpu-ab.sh: base against head, alternating, the same plans.
+set -u
+rounds=${1:-2}
+shift || true
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=(resnet18 airbench94 v1)
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+export XDG_RUNTIME_DIR=/tmp/xdg VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+export AETHER_TUNE_CONVS=1 AETHER_CACHE_DIR=/tmp/ab-plans
+R=/tmp/ab-results
+mkdir -p "$R"
+cp .gpu-pack/base/REV "$R/base-rev.txt"
+cp .gpu-pack/head/REV "$R/head-rev.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv >"$R/gpu.txt" 2>&1
+save() { tar czf "$OUT/results.tgz" -C "$R" .; }
+batch() { case $1 in airbench94) echo 1024 ;; *) echo 256 ;; esac; }
+step() { # build model tag
+    timeout 150 ".gpu-pack/$1/cifar10_breakdown" --model "$2" --batch-size "$(batch "$2")" \
+        --repeats 20 --device gpu >"$R/step-$2-$3.txt" 2>&1
+    echo "$2 $3: $(grep -h 'train_tensors' "$R/step-$2-$3.txt" | head -1)"
+}
+for m in "${models[@]}"; do
+    step base "$m" measure
+    for r in $(seq "$rounds"); do step base "$m" "base$r"; step head "$m" "head$r"; done
+    save
+done
+for b in base head; do
+    timeout 150 ".gpu-pack/$b/conv_passes" --convs resnet18 --batch-size 256 --repeats 20 \
+        --parts >"$R/passes-$b.txt" 2>&1
+    echo "passes $b: $(grep -h 'all convs' "$R/passes-$b.txt" | head -1)"
+done
+cp /tmp/ab-plans/*.json "$R/" 2>/dev/null
+save
+if python3 -c "import torch" 2>/dev/null; then
+    for m in "${models[@]}"; do
+        timeout 240 python3 benches/pytorch_models.py --model "$m" --batch-size "$(batch "$m")" \
+            --repeats 30 >"$R/pytorch-$m.txt" 2>&1
+        grep -h "pipelined" "$R/pytorch-$m.txt" | grep -i "resident\|compile"
+        save
+    done
+fi
+EOF
+chmod +x .gpu-pack/run.sh
+size=$(du -cb .gpu-pack .gl 2>/dev/null | tail -1 | cut -f1)
+echo "gpu-ab: base $(cat .gpu-pack/base/REV), head $(tr '\n' ' ' <.gpu-pack/head/REV); $size bytes to carry"
+if [ "$size" -gt $((64 * 1024 * 1024)) ]; then
+    echo "gpu-ab: over the device's 64 MiB carry" >&2
+    exit 1
+fi
