@@ -14,7 +14,8 @@ struct Params {
 }
 @group(0) @binding(3) var<uniform> params: Params;
 
-// One spatial dimension of a residue class.
+// One spatial dimension of a residue class: a function of the slice z and
+// the shape's constants, uniform over the workgroup.
 struct Axis {
     first_in: u32,   // first input coordinate of the class
     count_in: u32,   // input coordinates in the class
@@ -57,10 +58,11 @@ fn axis_w(z: u32) -> Axis {
     return axis(z % STRIDE_W, W, PAD_LEFT, STRIDE_W, DIL_W, S);
 }
 
-// (x / d, x % d) for a count d of a class, which is always lo or hi: every
-// class of `size` coordinates over `step` has floor or ceil of size / step of
-// them (0 only where floor is). Dividing by the two constants costs a few
-// multiplies; dividing by d itself, a runtime division at every element.
+// (x / d, x % d) for a count d of a class: its input coordinates (`size`
+// over the stride) or its taps a row (`size` taps over the tap step). A class
+// has floor or ceil of size / step of them, or none, and a class with none
+// is never split. Dividing by those two constants costs a few multiplies;
+// dividing by d itself, a runtime division at every element.
 fn split_by_count(x: u32, d: u32, size: u32, step: u32) -> vec2<u32> {
     let hi = (size + step - 1u) / step;
     if (d == hi) {
