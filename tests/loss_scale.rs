@@ -284,7 +284,18 @@ fn batchnorm_flags_the_saturation_of_the_gradient_it_writes() {
     // A device of this test's own: the shared one times the kernels of the
     // tests beside it too.
     let gpu = Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap();
+    let ctx = gpu.gpu_context().expect("a GPU");
+    if ctx.caps().limits.max_storage_buffers_per_shader_stage < 10 {
+        common::skip("BatchNorm's dx binds no scaler under 10 storage buffers a stage");
+        return;
+    }
     let mut rng = Rng::fresh();
+    let model = bn_fed_conv(rng.next_u64(), LossScale::Static(1.0), &gpu);
+    assert_eq!(
+        model.f16_input_grads(),
+        vec![1],
+        "BatchNorm hands the conv f16"
+    );
     // Small inputs make BatchNorm's 1 / std large, and two labels apart make
     // the images' gradients differ by the scale's order: dx then passes 65504
     // by orders of magnitude at 2^24, and fits at 1.
@@ -293,48 +304,7 @@ fn batchnorm_flags_the_saturation_of_the_gradient_it_writes() {
         .iter()
         .map(|v| v * 0.01)
         .collect();
-    let first = (rng.next_u64() % 8) as u32;
-    let y = vec![first, (first + 1 + (rng.next_u64() % 7) as u32) % 8];
-    let scale = LossScale::Dynamic {
-        init: 16_777_216.0,
-        growth_interval: 2000,
-    };
-    let mut model = bn_fed_conv(rng.next_u64(), scale, &gpu);
-    assert_eq!(
-        model.f16_input_grads(),
-        vec![1],
-        "BatchNorm hands the conv f16"
-    );
-    let before = weights(&model);
-    let ctx = gpu.gpu_context().expect("a GPU").clone();
-    if !ctx.caps().timestamps {
-        common::skip("no timestamps to list the step's kernels");
-        return;
-    }
-    if ctx.caps().limits.max_storage_buffers_per_shader_stage < 10 {
-        common::skip("BatchNorm's dx binds no scaler under 10 storage buffers a stage");
-        return;
-    }
-    let (_, times) = ctx.timed(256, || model.train_batch(&x, &y)).unwrap();
-    model.check_steps().unwrap();
-    let labels: Vec<&str> = times.iter().map(|t| t.label).collect();
-    assert!(labels.contains(&"batchnorm_backward_dx"), "{labels:?}");
-    assert!(
-        !labels.contains(&"loss_scale_saturation"),
-        "a check dispatched for a gradient BatchNorm flags: {labels:?}"
-    );
-    assert_eq!(model.loss_scale().unwrap(), Some((8_388_608.0, 0)));
-    for ((name, got), (_, want)) in weights(&model).iter().zip(&before) {
-        if !name.contains("running") {
-            assert_eq!(got, want, "{name} changed in a skipped step");
-        }
-    }
-    // At a scale it fits, the step trains and the scale holds.
-    let mut model = bn_fed_conv(rng.next_u64(), LossScale::Static(1.0), &gpu);
-    let before = weights(&model);
-    model.train_batch(&x, &y).unwrap();
-    model.check_steps().unwrap();
-    assert_ne!(weights(&model), before, "a step at scale 1 trains");
+    overflow_is_flagged_without_a_check(&gpu, &x, &mut rng, bn_fed_conv, "batchnorm_backward_dx");
 }
 
 /// A conv fed an f32 output gradient (here by global average pooling)
@@ -349,41 +319,57 @@ fn a_conv_flags_the_saturation_of_the_gradient_it_rounds() {
     // A device of this test's own: the shared one times the kernels of the
     // tests beside it too.
     let gpu = Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap();
-    let ctx = gpu.gpu_context().expect("a GPU").clone();
+    let mut rng = Rng::fresh();
+    // At 2^24 the loss gradient is near 2^23, and pooling over the 36
+    // positions leaves each near 2^18, past 65504; at 1 it fits.
+    let x = rng.vec(2 * SIDE * SIDE * 3);
+    let pooled = |seed, scale, device: &Device| pooled_conv_net(seed, scale, device, false);
+    overflow_is_flagged_without_a_check(&gpu, &x, &mut rng, pooled, "cast_f16");
+}
+
+/// The step of the net `build` makes on `x` and two labels apart (so the
+/// images' gradients differ by the scale's order) at a dynamic scale of 2^24:
+/// `writer`, the kernel that rounds the saturating gradient, runs, no check
+/// kernel does, the step is skipped (the weights stay, the running
+/// statistics aside) and the scale halves. At a static scale of 1, the same
+/// step trains.
+fn overflow_is_flagged_without_a_check(
+    gpu: &Device,
+    x: &[f32],
+    rng: &mut Rng,
+    build: impl Fn(u64, LossScale, &Device) -> Model,
+    writer: &str,
+) {
+    let ctx = gpu.gpu_context().expect("a GPU");
     if !ctx.caps().timestamps {
         common::skip("no timestamps to list the step's kernels");
         return;
     }
-    let mut rng = Rng::fresh();
-    // Two labels apart: at 2^24 the loss gradient is near 2^23, and pooling
-    // over the 36 positions leaves each near 2^18, past 65504; at 1 it fits.
-    let x = rng.vec(2 * SIDE * SIDE * 3);
     let first = (rng.next_u64() % 8) as u32;
     let y = vec![first, (first + 1 + (rng.next_u64() % 7) as u32) % 8];
     let scale = LossScale::Dynamic {
         init: 16_777_216.0,
         growth_interval: 2000,
     };
-    let mut model = pooled_conv_net(rng.next_u64(), scale, &gpu, false);
+    let mut model = build(rng.next_u64(), scale, gpu);
     let before = weights(&model);
-    let (_, times) = ctx.timed(256, || model.train_batch(&x, &y)).unwrap();
+    let (_, times) = ctx.timed(256, || model.train_batch(x, &y)).unwrap();
     model.check_steps().unwrap();
     let labels: Vec<&str> = times.iter().map(|t| t.label).collect();
-    assert!(labels.contains(&"cast_f16"), "{labels:?}");
+    assert!(labels.contains(&writer), "{writer} not in {labels:?}");
     assert!(
         !labels.contains(&"loss_scale_saturation"),
-        "a check dispatched for a gradient the conv flags: {labels:?}"
+        "a check dispatched for a gradient {writer} flags: {labels:?}"
     );
     assert_eq!(model.loss_scale().unwrap(), Some((8_388_608.0, 0)));
-    assert_eq!(
-        weights(&model),
-        before,
-        "a skipped step changed the weights"
-    );
-    // At a scale it fits, the step trains and the scale holds.
-    let mut model = pooled_conv_net(rng.next_u64(), LossScale::Static(1.0), &gpu, false);
+    for ((name, got), (_, want)) in weights(&model).iter().zip(&before) {
+        if !name.contains("running") {
+            assert_eq!(got, want, "{name} changed in a skipped step");
+        }
+    }
+    let mut model = build(rng.next_u64(), LossScale::Static(1.0), gpu);
     let before = weights(&model);
-    model.train_batch(&x, &y).unwrap();
+    model.train_batch(x, &y).unwrap();
     model.check_steps().unwrap();
     assert_ne!(weights(&model), before, "a step at scale 1 trains");
 }
