@@ -35,6 +35,13 @@ fn clip_f16_range4(b: vec4<u32>) -> vec4<u32> {
     return select((b & vec4(0x80000000u)) | vec4(F16_MAX_BITS), b, keep);
 }
 
+// Whether any of the four f16s in the low halves of `halves` is 65504 or
+// beyond (inf, NaN): bits 0x7bff and up. The test that raises the loss
+// scaler's saturation flag where a pass writes an f16 gradient.
+fn f16_at_limit4(halves: vec4<u32>) -> bool {
+    return any((halves & vec4(0x7fffu)) >= vec4(0x7bffu));
+}
+
 // Elements first .. first + 7 of a tensor of `len` f32s (raw bits, as two
 // vec4s) as eight f16s packed in four words, element 2i in the low half of
 // word i. Elements from `len` on (the tail of the last group, read from the

@@ -8,8 +8,7 @@
 @group(0) @binding(10) var<uniform> params: Params;
 
 fn flag_saturation(b: GradBits) {
-    let h = vec4(b.x, b.x >> 16u, b.y, b.y >> 16u) & vec4(0x7fffu);
-    if (any(h >= vec4(0x7bffu))) {
+    if (f16_at_limit4(vec4(b.x, b.x >> 16u, b.y, b.y >> 16u))) {
         atomicOr(&scaler[2], 1u);
     }
 }

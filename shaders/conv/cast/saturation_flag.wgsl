@@ -9,9 +9,7 @@
 @group(0) @binding(3) var<uniform> params: Params;
 
 fn flag_saturation(halves: vec4<u32>) {
-    let low = halves & vec4(0x7fffu);
-    let high = (halves >> vec4(16u)) & vec4(0x7fffu);
-    if (any(low >= vec4(0x7bffu)) || any(high >= vec4(0x7bffu))) {
+    if (f16_at_limit4(halves) || f16_at_limit4(halves >> vec4(16u))) {
         atomicOr(&scaler[2], 1u);
     }
 }
