@@ -18,6 +18,7 @@ use crate::device::Device;
 use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::graph::{self, Graph, NodeId};
 use crate::nn::{Layer, LayerSpec, Mode};
+use crate::ops::activation::FusedActivation;
 use crate::ops::loss::{
     correct_count, cross_entropy_scaled, softmax, softmax_cross_entropy_with_correct_scaled,
 };
@@ -349,11 +350,11 @@ pub struct Model {
     /// Per-sample shape after each layer, from `finalize`: what bounds the
     /// batch a GPU buffer can hold.
     output_shapes: Vec<Vec<usize>>,
-    /// Whether `finalize` folds ReLUs into the layer before them.
-    fuse_relu: bool,
+    /// Whether `finalize` folds activations into the layer before them.
+    fuse_activations: bool,
     fuse_dropout: bool,
-    /// Per layer: a ReLU or SpatialDropout folded into the layer before it,
-    /// so skipped.
+    /// Per layer: an activation or SpatialDropout folded into the layer
+    /// before it, so skipped.
     folded: Vec<bool>,
     /// Whether layers write f16 outputs for a next layer that rounds to f16.
     f16_activations: bool,
@@ -504,7 +505,7 @@ impl Model {
             device: Device::Cpu,
             input_shape: None,
             output_shapes: Vec::new(),
-            fuse_relu: true,
+            fuse_activations: true,
             fuse_dropout: true,
             folded: Vec::new(),
             f16_activations: true,
@@ -535,11 +536,14 @@ impl Model {
         self
     }
 
-    /// Whether a ReLU right after a layer that can take it over (BatchNorm)
-    /// runs inside that layer: one pass over the activations fewer each way,
-    /// bit-identical results. On by default; takes effect at `finalize`.
-    pub fn fuse_relu(mut self, fuse: bool) -> Self {
-        self.fuse_relu = fuse;
+    /// Whether an activation right after a layer that can take it over runs
+    /// inside that layer: ReLU, GELU or SiLU after a BatchNorm, ReLU after a
+    /// residual `Add`. One pass over the activations fewer each way, and no
+    /// copy of them kept for the backward; the same formulas in the same
+    /// order (bit-identical on the CPU, and for ReLU anywhere). On by
+    /// default; takes effect at `finalize`.
+    pub fn fuse_activations(mut self, fuse: bool) -> Self {
+        self.fuse_activations = fuse;
         self
     }
 
@@ -852,12 +856,12 @@ impl Model {
             [NodeId::Layer(j)] if consumers[*j] == [i] => Some(*j),
             _ => None,
         };
-        if self.fuse_relu {
+        if self.fuse_activations {
             for i in 0..self.layers.len() {
                 if let Some(j) = sole_reader_of(i)
-                    && self.layers[i].spec() == LayerSpec::ReLU
+                    && let Some(activation) = FusedActivation::of(&self.layers[i].spec())
                     && !self.folded[j]
-                    && self.layers[j].fuse_relu()
+                    && self.layers[j].fuse_activation(activation)
                 {
                     self.folded[i] = true;
                 }
@@ -956,10 +960,10 @@ impl Model {
         flagged(&self.f16_input_grads)
     }
 
-    /// Indices of the ReLU layers that `finalize` folded into the layer
-    /// before them (see [`Model::fuse_relu`]).
-    pub fn fused_relus(&self) -> Vec<usize> {
-        self.folded_where(|spec| matches!(spec, LayerSpec::ReLU))
+    /// Indices of the activation layers that `finalize` folded into the
+    /// layer before them (see [`Model::fuse_activations`]).
+    pub fn fused_activations(&self) -> Vec<usize> {
+        self.folded_where(|spec| FusedActivation::of(spec).is_some())
     }
 
     /// Indices of the SpatialDropout layers that `finalize` folded into the

@@ -474,10 +474,10 @@ fn a_relu_folded_into_add_changes_no_gradient() {
     let devices: Vec<Device> = [Some(Device::Cpu), own_gpu].into_iter().flatten().collect();
     for device in &devices {
         let run = |fuse: bool| {
-            let mut model = residual_graph(rng.seed).fuse_relu(fuse);
+            let mut model = residual_graph(rng.seed).fuse_activations(fuse);
             model.to(device).unwrap();
             model.finalize(&[SIDE, SIDE, 3]).unwrap();
-            let fused = model.fused_relus();
+            let fused = model.fused_activations();
             let Some(ctx) = device.gpu_context().filter(|c| c.caps().timestamps) else {
                 return (fused, model.gradients(&x, &y).unwrap(), None);
             };
@@ -536,11 +536,11 @@ fn graph_on_the_gpu_matches_the_cpu() {
     let (cpu_model, cpu_logits, cpu_loss, cpu_grads) = on(&Device::Cpu);
     let (gpu_model, gpu_logits, gpu_loss, gpu_grads) = on(&gpu);
     assert_eq!(
-        cpu_model.fused_relus(),
+        cpu_model.fused_activations(),
         [2, 5, 10, 14],
         "ReLUs after BatchNorm and Add fold where that output feeds them alone"
     );
-    assert_eq!(gpu_model.fused_relus(), cpu_model.fused_relus());
+    assert_eq!(gpu_model.fused_activations(), cpu_model.fused_activations());
     report(&format!(
         "[aether-test] residual graph on the GPU: f16 outputs {:?}, f16 input gradients {:?}",
         gpu_model.f16_outputs(),

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use aether::conv::Padding;
 use aether::data::synthetic_images;
 use aether::gpu::{DevicePreference, GpuContext};
-use aether::nn::{Dense, Flatten, Layer, ReLU, Softmax};
+use aether::nn::{
+    BatchNorm, Conv2d, Dense, Flatten, GELU, GlobalAvgPool, Layer, MaxPool2d, ReLU, SiLU, Softmax,
+};
 use aether::optim::Adam;
 use aether::{AetherError, Device, Loss, Metric, Model, Tensor, TrainOptions};
 use common::{Rng, report, skip};
@@ -770,11 +772,15 @@ test_device!(
         // its BatchNorm unless told not to. Three steps, then predictions.
         let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
         let run = |fuse: bool| {
-            let mut model = aether::zoo::cifar10_v1(6).fuse_relu(fuse);
+            let mut model = aether::zoo::cifar10_v1(6).fuse_activations(fuse);
             model.to(device).unwrap();
             model.finalize(&[SIDE, SIDE, 3]).unwrap();
             let expected = if fuse { vec![2, 5, 10, 13, 18] } else { vec![] };
-            assert_eq!(model.fused_relus(), expected, "fuse_relu({fuse})");
+            assert_eq!(
+                model.fused_activations(),
+                expected,
+                "fuse_activations({fuse})"
+            );
             loss_and_logit_bits(&mut model, &x, &y)
         };
         let fused = run(true);
@@ -784,6 +790,56 @@ test_device!(
         assert_eq!(
             first_difference, None,
             "losses (first 3) then logits differ between fused and separate ReLU"
+        );
+    }
+);
+
+test_device!(
+    fused_gelu_and_silu_train_as_separate_layers,
+    |device: &Device| {
+        // A GELU and a SiLU, each the sole reader of a BatchNorm, fold into it
+        // (the SiLU's BatchNorm 4 channels a lane, the GELU's one): three
+        // steps, then predictions. The CPU runs the layers' own ops, bit for
+        // bit; a GPU compiler may contract the recomputed normalized value
+        // differently in two kernels, so there the bound is 1e-5 relative.
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
+        let run = |fuse: bool| {
+            let mut model = Model::new().seed(3).fuse_activations(fuse);
+            model
+                .add(Conv2d::new(6, (3, 3), Padding::Same))
+                .add(BatchNorm::new(0.9, 1e-5))
+                .add(GELU::default())
+                .add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid))
+                .add(Conv2d::new(12, (3, 3), Padding::Same))
+                .add(BatchNorm::new(0.9, 1e-5))
+                .add(SiLU::default())
+                .add(GlobalAvgPool::default())
+                .add(Dense::new(10));
+            let mut model = common::ready_model(model, device, &[SIDE, SIDE, 3]);
+            let expected = if fuse { vec![2, 6] } else { vec![] };
+            assert_eq!(
+                model.fused_activations(),
+                expected,
+                "fuse_activations({fuse})"
+            );
+            loss_and_logit_bits(&mut model, &x, &y)
+        };
+        let fused = run(true);
+        let separate = run(false);
+        assert_eq!(fused.len(), separate.len());
+        let exact = device.gpu_context().is_none();
+        let apart = |(a, b): (&u32, &u32)| {
+            let (a, b) = (f32::from_bits(*a), f32::from_bits(*b));
+            if exact {
+                a.to_bits() != b.to_bits()
+            } else {
+                (a - b).abs() > 1e-5 * a.abs().max(b.abs()).max(1e-3)
+            }
+        };
+        let first_difference = fused.iter().zip(&separate).position(apart);
+        assert_eq!(
+            first_difference, None,
+            "losses (first 3) then logits differ between fused and separate activations"
         );
     }
 );
@@ -802,7 +858,7 @@ test_device!(
             model.finalize(&[SIDE, SIDE, 3]).unwrap();
             let expected = if fuse { vec![7, 15, 20] } else { vec![] };
             assert_eq!(model.fused_dropouts(), expected, "fuse_dropout({fuse})");
-            assert_eq!(model.fused_relus(), [2, 5, 10, 13, 18]);
+            assert_eq!(model.fused_activations(), [2, 5, 10, 13, 18]);
             loss_and_logit_bits(&mut model, &x, &y)
         };
         let fused = run(true);

@@ -7,12 +7,15 @@
 mod common;
 
 use aether::conv::cast_f16;
-use aether::ops::activation::relu_backward;
+use aether::ops::activation::{
+    FusedActivation, Smooth, relu_backward, smooth_activation, smooth_activation_as,
+    smooth_activation_backward,
+};
 use aether::ops::batchnorm::{
-    BatchNormStats, CHUNK_ROWS, NormOutput, RunningStats, batch_norm_backward,
+    ActivationGrad, BatchNormStats, CHUNK_ROWS, NormOutput, RunningStats, batch_norm_backward,
     batch_norm_backward_as, batch_norm_inference, batch_norm_inference_as,
     batch_norm_relu_backward, batch_norm_relu_inference, batch_norm_relu_train, batch_norm_train,
-    batch_norm_train_running, update_running_stats,
+    batch_norm_train_as, batch_norm_train_running, update_running_stats,
 };
 use aether::ops::relu;
 use aether::{AetherError, DType, Device, Tensor};
@@ -136,6 +139,16 @@ fn values(t: &Tensor) -> Vec<f32> {
 }
 
 /// Random x (with offset), gamma around 1 and beta on `device`.
+/// The bits of an f16 tensor.
+fn halves(t: &Tensor) -> Vec<u16> {
+    assert_eq!(t.dtype(), DType::F16);
+    t.to_vec_f16()
+        .unwrap()
+        .into_iter()
+        .map(f16::to_bits)
+        .collect()
+}
+
 fn random_inputs(rng: &mut Rng, dims: &[usize], device: &Device) -> [(Tensor, Vec<f32>); 3] {
     let channels = channels_of(dims);
     let x = offset_data(rng, dims.iter().product());
@@ -376,6 +389,99 @@ test_device!(
     }
 );
 
+test_device!(
+    fused_gelu_and_silu_compute_what_the_two_ops_compute,
+    |device: &Device| {
+        // The fused smooth activations run their layer's formulas on the
+        // normalized value (the forward) and on that value recomputed from x
+        // (the backward's two passes). On the CPU that is the same code, bit
+        // for bit; a GPU compiler may contract a product and a sum into one
+        // fused multiply-add in one kernel and not in another, so there the
+        // bound is 1e-6 norm-relative: a wrong slope, a missing beta or a
+        // gradient taken at the activation's output is off by 1e-2 or more.
+        let mut rng = Rng::fresh();
+        let exact = device.gpu_context().is_none();
+        let check = |got: &Tensor, want: &Tensor, what: &str| {
+            let (got, want) = (values(got), values(want));
+            if exact {
+                let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+                assert_eq!(bits(&got), bits(&want), "{what}");
+            } else {
+                let err = norm_relative(&got, &wide(&want));
+                assert!(err <= 1e-6, "{what}: {err:e}");
+            }
+        };
+        // One value a lane, four a lane, and four spanning two channel tiles.
+        let shapes = [&[7usize, 13][..], &[2, 19, 17, 8], &[3, 9, 11, 40]];
+        for kind in [Smooth::Gelu, Smooth::Silu] {
+            let activation = Some(FusedActivation::Smooth(kind));
+            for dims in shapes {
+                let [(x, _), (gamma, _), (beta, _)] = random_inputs(&mut rng, dims, device);
+                let len = x.numel();
+                let dy = Tensor::from_f32(dims.to_vec(), rng.vec(len), device).unwrap();
+                let ctx = format!("{kind:?} {dims:?} (seed {})", rng.seed);
+
+                let out = NormOutput::f32(activation);
+                let (y, stats) = batch_norm_train_as(&x, &gamma, &beta, EPS, out).unwrap();
+                let (pre, _) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+                check(
+                    &y,
+                    &smooth_activation(&pre, kind).unwrap(),
+                    &format!("y of {ctx}"),
+                );
+
+                let through = Some(ActivationGrad::Smooth(kind, &beta));
+                let fused =
+                    batch_norm_backward_as(&dy, &x, &gamma, &stats, through, DType::F32).unwrap();
+                let slope_taken = smooth_activation_backward(&pre, &dy, kind).unwrap();
+                let separate = batch_norm_backward(&slope_taken, &x, &gamma, &stats).unwrap();
+                check(&fused.0, &separate.0, &format!("dx of {ctx}"));
+                check(&fused.1, &separate.1, &format!("dgamma of {ctx}"));
+                check(&fused.2, &separate.2, &format!("dbeta of {ctx}"));
+                // Taking the slope at the output instead of the input shows.
+                let at_output = smooth_activation_backward(&y, &dy, kind).unwrap();
+                let wrong = batch_norm_backward(&at_output, &x, &gamma, &stats).unwrap();
+                let err = norm_relative(&values(&wrong.0), &wide(&values(&separate.0)));
+                assert!(
+                    err > 1e-3,
+                    "the slope's argument does not show in {ctx}: {err:e}"
+                );
+
+                if dims[dims.len() - 1] % 4 != 0 {
+                    continue;
+                }
+                // Stored as f16 for a conv after: the rounded fused values.
+                let half = NormOutput {
+                    activation,
+                    dtype: DType::F16,
+                };
+                let (y16, _) = batch_norm_train_as(&x, &gamma, &beta, EPS, half).unwrap();
+                let want = smooth_activation_as(&pre, kind, DType::F16).unwrap();
+                let (got16, want16) = (halves(&y16), halves(&want));
+                if exact {
+                    assert_eq!(got16, want16, "f16 y of {ctx}");
+                } else {
+                    let apart = got16.iter().zip(&want16).filter(|(a, b)| a != b).count();
+                    assert!(apart * 100 <= got16.len(), "f16 y of {ctx}: {apart} apart");
+                }
+                let dx16 =
+                    batch_norm_backward_as(&dy, &x, &gamma, &stats, through, DType::F16).unwrap();
+                let want = cast_f16(&fused.0, true).unwrap();
+                assert_eq!(halves(&dx16.0), halves(&want), "f16 dx of {ctx}");
+                let running_mean =
+                    Tensor::from_f32(vec![dims[3]], rng.vec(dims[3]), device).unwrap();
+                let var: Vec<f32> = (0..dims[3]).map(|_| 1.5 + rng.uniform()).collect();
+                let running_var = Tensor::from_f32(vec![dims[3]], var, device).unwrap();
+                let (rm, rv) = (&running_mean, &running_var);
+                let fused = batch_norm_inference_as(&x, &gamma, &beta, rm, rv, EPS, out).unwrap();
+                let plain = batch_norm_inference(&x, &gamma, &beta, rm, rv, EPS).unwrap();
+                let want = smooth_activation(&plain, kind).unwrap();
+                check(&fused, &want, &format!("inference y of {ctx}"));
+            }
+        }
+    }
+);
+
 test_device!(running_stats_match_hand_calculation, |device: &Device| {
     // Batch: mean [3, 0.5], biased variance [4, 0.25], 5 values per channel.
     let eps = 1e-3f64;
@@ -421,9 +527,15 @@ test_device!(
                 var: &rv,
                 momentum: 0.9,
             };
-            let (y, stats, (mean, var)) =
-                batch_norm_train_running(&x, &gamma, &beta, EPS, NormOutput::f32(relu), running)
-                    .unwrap();
+            let (y, stats, (mean, var)) = batch_norm_train_running(
+                &x,
+                &gamma,
+                &beta,
+                EPS,
+                NormOutput::f32(relu.then_some(FusedActivation::Relu)),
+                running,
+            )
+            .unwrap();
             let train = if relu {
                 batch_norm_relu_train
             } else {
@@ -638,14 +750,6 @@ test_device!(
     f16_outputs_and_dx_are_the_f32_ones_rounded_and_gate_as_stored,
     |device: &Device| {
         let mut rng = Rng::fresh();
-        let halves = |t: &Tensor| -> Vec<u16> {
-            assert_eq!(t.dtype(), DType::F16);
-            t.to_vec_f16()
-                .unwrap()
-                .into_iter()
-                .map(f16::to_bits)
-                .collect()
-        };
         let rounded = |t: &Tensor| -> Vec<u16> {
             values(t)
                 .into_iter()
@@ -686,7 +790,7 @@ test_device!(
             for relu in [false, true] {
                 let ctx = format!("{dims:?}, relu {relu} (seed {})", rng.seed);
                 let half_out = NormOutput {
-                    relu,
+                    activation: relu.then_some(FusedActivation::Relu),
                     dtype: DType::F16,
                 };
                 let running = RunningStats {
@@ -705,7 +809,7 @@ test_device!(
                     &gamma,
                     &beta,
                     EPS,
-                    NormOutput::f32(relu),
+                    NormOutput::f32(relu.then_some(FusedActivation::Relu)),
                     running,
                 )
                 .unwrap();
@@ -740,7 +844,7 @@ test_device!(
                     &rm,
                     &rv,
                     EPS,
-                    NormOutput::f32(relu),
+                    NormOutput::f32(relu.then_some(FusedActivation::Relu)),
                 )
                 .unwrap();
                 same(
@@ -757,7 +861,7 @@ test_device!(
                     dy.clone()
                 };
                 let want = batch_norm_backward(&gated, &x, &gamma, &stats).unwrap();
-                let gate = relu.then_some(&y16);
+                let gate = relu.then_some(ActivationGrad::Relu(&y16));
                 let backward = |dx| batch_norm_backward_as(&dy, &x, &gamma, &stats, gate, dx);
                 let got = backward(DType::F32).unwrap();
                 for (name, a, b) in [
@@ -789,7 +893,7 @@ test_device!(
         let dims = [2usize, 3, 5, 6];
         let [(x, _), (gamma, _), (beta, _)] = random_inputs(&mut rng, &dims, device);
         let out = NormOutput {
-            relu: true,
+            activation: Some(FusedActivation::Relu),
             dtype: DType::F16,
         };
         let result = batch_norm_inference_as(&x, &gamma, &beta, &beta, &gamma, EPS, out);
@@ -841,7 +945,7 @@ test_device!(
                 var: &var,
                 momentum,
             };
-            let out = NormOutput::f32(false);
+            let out = NormOutput::f32(None);
             let trained = batch_norm_train_running(&x, &gamma, &beta, EPS, out, running);
             refused(trained.map(drop), "BatchNorm momentum", &what);
         }

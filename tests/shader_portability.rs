@@ -80,18 +80,20 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
     let x = rng.vec(batch * input.iter().product::<usize>());
     let y: Vec<u32> = (0..batch as u32).map(|i| i % 3).collect();
     let mut cifar = aether::zoo::cifar10_v1(1)
-        .fuse_relu(on)
+        .fuse_activations(on)
         .fuse_dropout(on)
         .f16_activations(on);
     let mut other = Model::new()
         .seed(2)
-        .fuse_relu(on)
+        .fuse_activations(on)
         .fuse_dropout(on)
         .f16_activations(on);
     other
         .add(Conv2d::new(8, (3, 3), Padding::Same).regularize(1e-4, 1e-4, 1e-4, 1e-4))
         .add(LeakyReLU::new(0.1))
         .add(AvgPool2d::new((2, 2), (2, 2), Padding::Valid))
+        .add(BatchNorm::new(0.9, 1e-5))
+        .add(SiLU::default())
         .add(Conv2d::new(8, (3, 3), Padding::Valid).stride((2, 2)))
         .add(ReLU::default())
         .add(Dropout::new(0.2))
@@ -142,14 +144,15 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
         .unwrap();
     // A graph with the merges and the layers only graphs and airbench use:
     // the residual add (alone and with the ReLU after it folded in) and the
-    // gradient sum at a fork, channel copies, GELU, SiLU, Scale,
-    // GlobalMaxPool, a bias-free conv and a scale-free BatchNorm.
+    // gradient sum at a fork, channel copies, GELU (folded into its
+    // BatchNorm, whose f16 dx then flags the loss scaler, or alone), SiLU,
+    // Scale, GlobalMaxPool, a bias-free conv and a scale-free BatchNorm.
     let mut g = aether::Graph::new();
     let image = g.input();
     let a = g.add(Conv2d::new(8, (3, 3), Padding::Same).bias(false), &[image]);
     let a = g.add(BatchNorm::new(0.6, 1e-12).scale(false), &[a]);
-    let b = g.add(GELU::default(), &[a]);
-    let b = g.add(Conv2d::new(8, (3, 3), Padding::Same), &[b]);
+    let a = g.add(GELU::default(), &[a]);
+    let b = g.add(Conv2d::new(8, (3, 3), Padding::Same), &[a]);
     let sum = g.add(Add::default(), &[b, a]);
     let s = g.add(SiLU::default(), &[sum]);
     let rectified = g.add(Add::default(), &[s, b]);
@@ -159,7 +162,10 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
     let pooled = g.add(GlobalMaxPool::default(), &[joined]);
     let logits = g.add(Dense::new(3).bias(false), &[pooled]);
     g.add(Scale::new(0.5), &[logits]);
-    let graph = Model::from_graph(g).seed(4).f16_activations(on);
+    let graph = Model::from_graph(g)
+        .seed(4)
+        .fuse_activations(on)
+        .f16_activations(on);
     let mut graph = common::ready_model(graph, device, &input);
     // SGD with Nesterov momentum, a lookahead every step and a static loss
     // scale (the saturation check and the scaler's update) for their kernels.
@@ -379,7 +385,10 @@ fn translate_all(shaders: &[BuiltShader]) -> Vec<String> {
 /// Kernels used only where the device binds more storage buffers a stage than
 /// the least device (BatchNorm's dx flagging f16 saturation: 10; elsewhere a
 /// check kernel of its own runs).
-const PLANNED_BY_STORAGE_BUFFERS: &[&str] = &["batchnorm_backward_dx_flag"];
+const PLANNED_BY_STORAGE_BUFFERS: &[&str] = &[
+    "batchnorm_backward_dx_flag",
+    "batchnorm_backward_dx_smooth_flag",
+];
 
 /// Where kernels ask more of a limit than [`REQUIRED_LIMITS`] (each naming
 /// the kernel and the limit), and the most any kernel asks of each limit with
@@ -509,12 +518,18 @@ fn every_kernel_translates_for_vulkan_metal_and_dx12() {
         coop > 0 && shaders.len() > 100,
         "too few modules to mean anything"
     );
-    assert!(
-        shaders
-            .iter()
-            .any(|s| s.key.kernel == "loss_scale_saturation"),
-        "the saturation check kernel was not built"
-    );
+    for kernel in [
+        "loss_scale_saturation",
+        "batchnorm_backward_dx_smooth",
+        "batchnorm_backward_dx_smooth_flag",
+        "gelu",
+        "silu",
+    ] {
+        assert!(
+            shaders.iter().any(|s| s.key.kernel == kernel),
+            "{kernel} was not built"
+        );
+    }
     let mut failures = translate_all(&shaders);
     failures.extend(over_required(&shaders).0);
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -1,15 +1,14 @@
 // Batch norm backward, input gradient, from the finished per-channel sums:
-// dx = gamma * inv_std * (dy - sum(dy) / count - xhat * sum(dy * xhat) / count),
-// the standard formula gamma * inv_std / count * (count * dy - ...) rearranged;
+// dx = gamma * inv_std * (g - sum(g) / count - xhat * sum(g * xhat) / count),
+// the standard formula gamma * inv_std / count * (count * g - ...) rearranged;
 // a `Lanes` of values per invocation (batchnorm_lanes*.wgsl; `len` and
-// `channels` count lanes). With params.relu_gate, dy is taken only where the
-// fused ReLU's output `relu_y` is > 0 (on its bits, as relu_backward: NaN does
-// not pass). `dx` is stored as batchnorm_grad_*.wgsl says (f32, or clipped f16
-// for a conv before that rounds its gradient to f16), and its saturation flagged
-// as batchnorm_grad_flag.wgsl says where the model asks.
+// `channels` count lanes). g is dy taken through the fused activation as
+// batchnorm_dx_through_*.wgsl says, which also binds binding 1. `dx` is stored
+// as batchnorm_grad_*.wgsl says (f32, or clipped f16 for a conv before that
+// rounds its gradient to f16), and its saturation flagged as
+// batchnorm_grad_flag.wgsl says where the model asks.
 
 @group(0) @binding(0) var<storage, read> dy: array<Lanes>;
-@group(0) @binding(1) var<storage, read> relu_y: array<ActBits>;
 @group(0) @binding(2) var<storage, read> x: array<Lanes>;
 @group(0) @binding(3) var<storage, read> mean: array<Lanes>;
 @group(0) @binding(4) var<storage, read> inv_std: array<Lanes>;
@@ -23,7 +22,7 @@ struct Params {
     channels: u32,
     count: u32,
     row_stride: u32,
-    relu_gate: u32,
+    activation: u32,
 }
 // `params` is bound by batchnorm_grad_flag.wgsl or batchnorm_grad_unflagged.wgsl.
 
@@ -37,10 +36,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let count = f32(params.count);
     let s = inv_std[c];
     let xhat = (x[i] - mean[c]) * s;
-    var g = dy[i];
-    if (params.relu_gate != 0u) {
-        g = select(Lanes(0.0), g, act_passes(relu_y[i]));
-    }
+    let g = through_activation(dy[i], i, c, xhat);
     let bits = grad_bits(gamma[c] * s * (g - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count)));
     dx[i] = bits;
     flag_saturation(bits);

@@ -1,17 +1,22 @@
 // Batch norm backward, pass 1: per chunk of rows, the per-channel partials of
-// sum(dy) (-> dbeta) and sum(dy * xhat) (-> dgamma), xhat = (x - mean) * inv_std,
-// a `Lanes` of channels per invocation. With params.relu_gate, dy is taken only
-// where the fused ReLU's output `relu_y` passes (else `relu_y` is bound to dy and
-// not read).
+// sum(g) (-> dbeta) and sum(g * xhat) (-> dgamma), xhat = (x - mean) * inv_std,
+// a `Lanes` of channels per invocation. g is dy taken through the fused
+// activation params.activation (batchnorm_activation.wgsl): with ReLU, dy
+// where its output `relu_y` passes; with GELU or SiLU, dy times the slope at
+// normalize's output, recomputed from x as normalize computes it. Bindings a
+// kernel does not read are bound to ones it does (relu_y to dy; gamma and
+// beta to gamma without a smooth activation).
 
 @group(0) @binding(0) var<storage, read> dy: array<Lanes>;
 @group(0) @binding(1) var<storage, read> relu_y: array<ActBits>;
 @group(0) @binding(2) var<storage, read> x: array<Lanes>;
 @group(0) @binding(3) var<storage, read> mean: array<Lanes>;
 @group(0) @binding(4) var<storage, read> inv_std: array<Lanes>;
-@group(0) @binding(5) var<storage, read_write> partial_dy: array<Lanes>;
-@group(0) @binding(6) var<storage, read_write> partial_dy_xhat: array<Lanes>;
-@group(0) @binding(7) var<uniform> params: ReduceParams;
+@group(0) @binding(5) var<storage, read> gamma: array<Lanes>;
+@group(0) @binding(6) var<storage, read> beta: array<Lanes>;
+@group(0) @binding(7) var<storage, read_write> partial_dy: array<Lanes>;
+@group(0) @binding(8) var<storage, read_write> partial_dy_xhat: array<Lanes>;
+@group(0) @binding(9) var<uniform> params: ReduceParams;
 
 @compute @workgroup_size(TILE_LANES, ROW_LANES)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -24,13 +29,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (lane.live) {
         let m = mean[lane.channel];
         let s = inv_std[lane.channel];
+        let scale = gamma[lane.channel];
+        let shift = beta[lane.channel];
         for (var row = lane.begin + lid.y; row < lane.end; row += ROW_LANES) {
             let i = row * params.channels + lane.channel;
+            let xhat = (x[i] - m) * s;
             var g = dy[i];
-            if (params.relu_gate != 0u) {
-                g = select(Lanes(0.0), g, act_passes(relu_y[i]));
+            switch params.activation {
+                case ACTIVATION_RELU: {
+                    g = select(Lanes(0.0), g, act_passes(relu_y[i]));
+                }
+                case ACTIVATION_GELU, ACTIVATION_SILU: {
+                    g *= smooth_slope_lanes(xhat * scale + shift, params.activation);
+                }
+                default: {}
             }
-            sums = SumPair(sums.a + g, sums.b + g * ((x[i] - m) * s));
+            sums = SumPair(sums.a + g, sums.b + g * xhat);
         }
     }
     let total = reduce_lanes(lid, sums);

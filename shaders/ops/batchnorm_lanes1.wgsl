@@ -12,3 +12,11 @@ fn relu_lanes(v: Lanes) -> Lanes {
 fn passes_lanes(b: LaneBits) -> LaneMask {
     return is_positive(b);
 }
+
+fn smooth_value_lanes(v: Lanes, activation: u32) -> Lanes {
+    return smooth_value(v, activation);
+}
+
+fn smooth_slope_lanes(v: Lanes, activation: u32) -> Lanes {
+    return smooth_slope(v, activation);
+}

@@ -4,7 +4,8 @@
 // values, 4 consecutive channels of one row, so per-channel vectors are read
 // as vec4 too. The kernels are written once against `Lanes`;
 // batchnorm_lanes1.wgsl is the one-value version. ReLU's decisions stay per
-// value, on the bits.
+// value, on the bits, and the smooth activations' formulas per value
+// (batchnorm_activation.wgsl).
 
 alias Lanes = vec4<f32>;
 alias LaneBits = vec4<u32>;
@@ -18,4 +19,22 @@ fn relu_lanes(v: Lanes) -> Lanes {
 
 fn passes_lanes(b: LaneBits) -> LaneMask {
     return vec4(is_positive(b.x), is_positive(b.y), is_positive(b.z), is_positive(b.w));
+}
+
+fn smooth_value_lanes(v: Lanes, activation: u32) -> Lanes {
+    return vec4(
+        smooth_value(v.x, activation),
+        smooth_value(v.y, activation),
+        smooth_value(v.z, activation),
+        smooth_value(v.w, activation),
+    );
+}
+
+fn smooth_slope_lanes(v: Lanes, activation: u32) -> Lanes {
+    return vec4(
+        smooth_slope(v.x, activation),
+        smooth_slope(v.y, activation),
+        smooth_slope(v.z, activation),
+        smooth_slope(v.w, activation),
+    );
 }

@@ -2,9 +2,10 @@
 // last (channel) axis, a `Lanes` of values per invocation (batchnorm_lanes*.wgsl;
 // `len` and `channels` count lanes). `spread` holds inv_std (training) or, with
 // spread_is_variance = 1, the running variance (inference), turned into
-// 1 / sqrt(var + eps) here. With relu = 1 the result goes through ReLU (the
-// fused BatchNorm + ReLU), decided on the bits as relu.wgsl does: negative
-// non-zero numbers become +0, NaN and -0.0 pass through. `y` is stored as
+// 1 / sqrt(var + eps) here. The result goes through the fused activation
+// `activation` (batchnorm_activation.wgsl): ReLU decided on the bits as
+// relu.wgsl does (negative non-zero numbers become +0, NaN and -0.0 pass
+// through), GELU or SiLU by their layers' formulas. `y` is stored as
 // batchnorm_act_*.wgsl says (f32, or f16 for a consumer that rounds to it).
 
 @group(0) @binding(0) var<storage, read> x: array<Lanes>;
@@ -20,7 +21,7 @@ struct Params {
     row_stride: u32,
     spread_is_variance: u32,
     eps: f32,
-    relu: u32,
+    activation: u32,
 }
 @group(0) @binding(6) var<uniform> params: Params;
 
@@ -36,5 +37,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         inv_std = Lanes(1.0) / sqrt(inv_std + Lanes(params.eps));
     }
     let v = (x[i] - mean[c]) * inv_std * gamma[c] + beta[c];
-    y[i] = act_bits(select(v, relu_lanes(v), params.relu != 0u));
+    y[i] = act_bits(activate(v, params.activation));
 }

@@ -24,8 +24,9 @@ struct ReduceParams {
     channel_tiles: u32,
     groups: u32,
     group_stride: u32,
-    // 1 where a kernel takes its gradient through a fused ReLU (backward sums).
-    relu_gate: u32,
+    // The fused activation the backward sums take the gradient through
+    // (batchnorm_activation.wgsl); 0 elsewhere.
+    activation: u32,
 }
 
 // Two sums per invocation: the backward pass needs sum(dy) and sum(dy * xhat) at once.

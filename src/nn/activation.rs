@@ -14,7 +14,8 @@ use crate::ops::relu;
 use crate::tensor::{DType, Tensor};
 
 /// `max(x, 0)`, elementwise; `ReLU::default()` makes one. Right after a
-/// BatchNorm it runs inside that layer (see [`Model::fuse_relu`](crate::Model::fuse_relu)).
+/// BatchNorm or a residual `Add` it runs inside that layer (see
+/// [`Model::fuse_activations`](crate::Model::fuse_activations)).
 #[derive(Default)]
 pub struct ReLU {
     input: Option<Tensor>,
@@ -173,7 +174,9 @@ impl SmoothLayer {
     }
 }
 
-/// GELU, exact (erf) form as PyTorch's `nn.GELU()`: `x * Phi(x)`.
+/// GELU, exact (erf) form as PyTorch's `nn.GELU()`: `x * Phi(x)`. Right
+/// after a BatchNorm it runs inside that layer (see
+/// [`Model::fuse_activations`](crate::Model::fuse_activations)).
 pub struct GELU(SmoothLayer);
 
 impl Default for GELU {
@@ -182,7 +185,8 @@ impl Default for GELU {
     }
 }
 
-/// SiLU (swish): `x * sigmoid(x)`.
+/// SiLU (swish): `x * sigmoid(x)`. Right after a BatchNorm it runs inside
+/// that layer, as GELU does.
 pub struct SiLU(SmoothLayer);
 
 impl Default for SiLU {

@@ -4,7 +4,7 @@
 use super::{Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
-use crate::ops::activation::relu_backward;
+use crate::ops::activation::{FusedActivation, relu_backward};
 use crate::ops::arith::{add, add_relu};
 use crate::ops::concat::{concat_channels, split_channels};
 use crate::tensor::Tensor;
@@ -22,7 +22,7 @@ fn needs_two(layer: &'static str, given: usize) -> AetherError {
 
 /// Sums two or more inputs of one shape elementwise: a residual connection.
 /// Its gradient passes to every input unchanged (no copy). A ReLU that alone
-/// reads its output runs inside it (see [`Model::fuse_relu`](crate::Model::fuse_relu)):
+/// reads its output runs inside it (see [`Model::fuse_activations`](crate::Model::fuse_activations)):
 /// the last sum and the ReLU are one pass, and the gradient is masked once
 /// for all inputs.
 #[derive(Default)]
@@ -73,9 +73,9 @@ impl Layer for Add {
         Ok(inputs[0].to_vec())
     }
 
-    fn fuse_relu(&mut self) -> bool {
-        self.relu = true;
-        true
+    fn fuse_activation(&mut self, activation: FusedActivation) -> bool {
+        self.relu = activation == FusedActivation::Relu;
+        self.relu
     }
 
     fn forward_inputs(&mut self, inputs: &[&Tensor], mode: Mode) -> Result<Tensor> {

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::conv::{ConvPlans, ConvWork, Padding};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
+use crate::ops::activation::FusedActivation;
 use crate::tensor::{DType, Tensor};
 
 /// Whether a forward pass trains (batch statistics, dropout) or infers.
@@ -268,11 +269,12 @@ pub trait Layer: Send {
         Ok(vec![self.backward(dy, need_dx)?])
     }
 
-    /// Takes over the ReLU that follows this layer: from now on its output is
-    /// `relu(output)` and its backward gates the gradient by it, so the model
-    /// skips the ReLU layer. Returns false (and changes nothing) where the
-    /// layer cannot; the result must be bit-identical to the two layers.
-    fn fuse_relu(&mut self) -> bool {
+    /// Takes over the activation layer that follows this layer: from now on
+    /// its output goes through `activation` and its backward takes the
+    /// gradient through it first, so the model skips the activation layer.
+    /// Returns false (and changes nothing) where the layer cannot; the result
+    /// must be the two layers', computed by the same formulas in the same order.
+    fn fuse_activation(&mut self, _activation: FusedActivation) -> bool {
         false
     }
 

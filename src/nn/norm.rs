@@ -4,10 +4,11 @@
 use super::{Layer, LayerSpec, Mode, Param, cached, state_size};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
+use crate::ops::activation::FusedActivation;
 use crate::ops::batchnorm::{
-    BatchNormStats, DxStorage, NormOutput, RunningStats, backward_into, batch_norm_inference_as,
-    batch_norm_train_running, check_epsilon, check_momentum, flags_dx_saturation,
-    gated_running_stats,
+    ActivationGrad, BatchNormStats, DxStorage, NormOutput, RunningStats, backward_into,
+    batch_norm_inference_as, batch_norm_train_running, check_epsilon, check_momentum,
+    flags_dx_saturation, gated_running_stats,
 };
 use crate::tensor::{DType, Tensor};
 
@@ -24,15 +25,17 @@ pub struct BatchNorm {
     state: Option<NormState>,
     /// Channels (the input's last axis), from `build`.
     channels: usize,
-    /// Whether the ReLU after this layer runs inside it (see `Layer::fuse_relu`).
-    relu: bool,
+    /// The activation after this layer that runs inside it (see
+    /// `Layer::fuse_activation`).
+    activation: Option<FusedActivation>,
     /// The output's dtype: F16 where the next layer rounds its input to f16
     /// (see `Layer::output_rounded_to_f16`).
     output: DType,
     /// The input gradient's dtype: F16 where the layer before rounds its
     /// output gradient to f16 (see `Layer::input_grad_rounded_to_f16`).
     input_grad: DType,
-    /// Input, batch statistics and, with the fused ReLU, the output it gates by.
+    /// Input, batch statistics and, with a fused ReLU, the output it gates by
+    /// (a fused GELU or SiLU recomputes its input from the others).
     cache: Option<(Tensor, BatchNormStats, Option<Tensor>)>,
     grads: Option<(Tensor, Tensor)>,
     /// The running statistics the last training forward proposed, kept at
@@ -63,7 +66,7 @@ impl BatchNorm {
             scale: true,
             state: None,
             channels: 0,
-            relu: false,
+            activation: None,
             output: DType::F32,
             input_grad: DType::F32,
             cache: None,
@@ -134,9 +137,9 @@ impl Layer for BatchNorm {
         check_momentum(self.momentum)?;
         check_epsilon(self.epsilon)?;
         let c = channels(input)?;
-        // A fused ReLU and an f16 output are the model's decisions, made again
-        // after every build.
-        self.relu = false;
+        // A fused activation and an f16 output are the model's decisions, made
+        // again after every build.
+        self.activation = None;
         self.output = DType::F32;
         self.input_grad = DType::F32;
         self.channels = c;
@@ -153,7 +156,7 @@ impl Layer for BatchNorm {
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
         let eps = self.epsilon;
         let out = NormOutput {
-            relu: self.relu,
+            activation: self.activation,
             dtype: self.output,
         };
         if let Mode::Infer = mode {
@@ -170,7 +173,8 @@ impl Layer for BatchNorm {
         let (y, stats, (mean, var)) =
             batch_norm_train_running(x, &s.gamma, &s.beta, eps, out, running)?;
         self.staged = Some((mean, var));
-        self.cache = Some((x.clone(), stats, self.relu.then(|| y.clone())));
+        let relu_y = (self.activation == Some(FusedActivation::Relu)).then(|| y.clone());
+        self.cache = Some((x.clone(), stats, relu_y));
         Ok(y)
     }
 
@@ -222,20 +226,30 @@ impl Layer for BatchNorm {
         let Some((x, stats, relu_y)) = self.cache.as_ref() else {
             return cached(&None, "BatchNorm::backward").map(|_| None);
         };
-        let gamma = &self.state()?.gamma;
+        let state = self.state()?;
+        let through = match (self.activation, relu_y) {
+            (Some(FusedActivation::Smooth(kind)), _) => {
+                Some(ActivationGrad::Smooth(kind, &state.beta))
+            }
+            (_, Some(y)) => Some(ActivationGrad::Relu(y)),
+            (_, None) => None,
+        };
         let outputs = self.grad_outputs.as_ref();
         let dx_out = DxStorage {
             dtype: self.input_grad,
             saturation_flag: flag.as_ref(),
         };
         let (dx, dgamma, dbeta) =
-            backward_into(dy, x, gamma, stats, relu_y.as_ref(), outputs, dx_out)?;
+            backward_into(dy, x, &state.gamma, stats, through, outputs, dx_out)?;
         self.grads = Some((dgamma, dbeta));
         Ok(need_dx.then_some(dx))
     }
 
-    fn fuse_relu(&mut self) -> bool {
-        self.relu = true;
+    /// ReLU, GELU and SiLU: the normalize pass applies them, and the
+    /// backward's two passes take their gradient (GELU's and SiLU's at the
+    /// normalized value, recomputed from the input it keeps anyway).
+    fn fuse_activation(&mut self, activation: FusedActivation) -> bool {
+        self.activation = Some(activation);
         true
     }
 

@@ -281,6 +281,28 @@ impl Smooth {
     }
 }
 
+/// An activation a layer applies to its own output in place of the
+/// activation layer after it (a fused BatchNorm + activation, or a residual
+/// sum + ReLU), and whose gradient its backward takes first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FusedActivation {
+    Relu,
+    Smooth(Smooth),
+}
+
+impl FusedActivation {
+    /// The fused activation of an activation layer, where it is one.
+    pub fn of(spec: &crate::nn::LayerSpec) -> Option<Self> {
+        use crate::nn::LayerSpec;
+        match spec {
+            LayerSpec::ReLU => Some(Self::Relu),
+            LayerSpec::GELU => Some(Self::Smooth(Smooth::Gelu)),
+            LayerSpec::SiLU => Some(Self::Smooth(Smooth::Silu)),
+            _ => None,
+        }
+    }
+}
+
 /// The activation `kind` elementwise over f32 `x`; NaN passes through.
 pub fn smooth_activation(x: &Tensor, kind: Smooth) -> Result<Tensor> {
     let (kernel, _) = kind.kernels();

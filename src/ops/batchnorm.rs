@@ -28,7 +28,9 @@ use crate::conv::cast_f16;
 use crate::device::Device;
 use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
-use crate::ops::activation::relu_backward;
+use crate::ops::activation::{
+    FusedActivation, Smooth, relu_backward, smooth_activation, smooth_activation_backward,
+};
 use crate::ops::relu as relu_op;
 use crate::tensor::{DType, Shape, Tensor};
 
@@ -37,8 +39,12 @@ const MOMENTS_SHADER: &str = include_str!("../../shaders/ops/batchnorm_moments.w
 const BACKWARD_SUMS_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_sums.wgsl");
 const FINALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_finalize.wgsl");
 const RELU_BITS: &str = include_str!("../../shaders/ops/relu_bits.wgsl");
+const SMOOTH_FORMULAS: &str = include_str!("../../shaders/ops/activation_smooth_common.wgsl");
+const ACTIVATION_SHADER: &str = include_str!("../../shaders/ops/batchnorm_activation.wgsl");
 const NORMALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_normalize.wgsl");
 const BACKWARD_DX_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl");
+const DX_THROUGH_RELU: &str = include_str!("../../shaders/ops/batchnorm_dx_through_relu.wgsl");
+const DX_THROUGH_SMOOTH: &str = include_str!("../../shaders/ops/batchnorm_dx_through_smooth.wgsl");
 const GRAD_FLAG: &str = include_str!("../../shaders/ops/batchnorm_grad_flag.wgsl");
 const GRAD_UNFLAGGED: &str = include_str!("../../shaders/ops/batchnorm_grad_unflagged.wgsl");
 const F16_BITS: &str = include_str!("../../shaders/common/f16_bits.wgsl");
@@ -68,8 +74,8 @@ pub struct BatchNormStats {
     pub inv_std: Tensor,
 }
 
-/// What the normalize pass writes: the output's dtype, and whether the fused
-/// ReLU runs on it.
+/// What the normalize pass writes: the output's dtype, and the fused
+/// activation it goes through, if any.
 ///
 /// `DType::F16` stores each value saturated at +-65504 and rounded as `half::f16::from_f32` (NaN kept),
 /// for a consumer that rounds its input to f16 anyway (a conv with f16
@@ -77,16 +83,49 @@ pub struct BatchNormStats {
 /// cast of its own. On the GPU it needs a channel count divisible by 4.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NormOutput {
-    pub relu: bool,
+    pub activation: Option<FusedActivation>,
     pub dtype: DType,
 }
 
 impl NormOutput {
-    /// An f32 output, with the fused ReLU where `relu`.
-    pub fn f32(relu: bool) -> Self {
+    /// An f32 output, through `activation` where given.
+    pub fn f32(activation: Option<FusedActivation>) -> Self {
         Self {
-            relu,
+            activation,
             dtype: DType::F32,
+        }
+    }
+}
+
+/// The number the batch-norm kernels know a fused activation by
+/// (shaders/ops/batchnorm_activation.wgsl); 0 for none.
+fn activation_code(activation: Option<FusedActivation>) -> u32 {
+    match activation {
+        None => 0,
+        Some(FusedActivation::Relu) => 1,
+        Some(FusedActivation::Smooth(Smooth::Gelu)) => 2,
+        Some(FusedActivation::Smooth(Smooth::Silu)) => 3,
+    }
+}
+
+/// What a backward takes the gradient through first: the activation its
+/// forward fused ([`NormOutput::activation`]), with what that gradient needs.
+#[derive(Clone, Copy, Debug)]
+pub enum ActivationGrad<'a> {
+    /// ReLU's, gated by the output `y` as the forward stored it (f32, or the
+    /// f16 of [`NormOutput`]`{ dtype: F16, .. }`).
+    Relu(&'a Tensor),
+    /// GELU's or SiLU's, at the normalized value recomputed from `x`, the
+    /// statistics, gamma and this `beta` (the layer's, as the forward used
+    /// it), as the forward computed it: nothing of the forward's output is read.
+    Smooth(Smooth, &'a Tensor),
+}
+
+impl ActivationGrad<'_> {
+    fn activation(self) -> FusedActivation {
+        match self {
+            Self::Relu(_) => FusedActivation::Relu,
+            Self::Smooth(kind, _) => FusedActivation::Smooth(kind),
         }
     }
 }
@@ -100,7 +139,7 @@ pub fn batch_norm_train(
     beta: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, BatchNormStats)> {
-    train(x, gamma, beta, eps, NormOutput::f32(false), None).map(|(y, stats, _)| (y, stats))
+    train(x, gamma, beta, eps, NormOutput::f32(None), None).map(|(y, stats, _)| (y, stats))
 }
 
 /// [`batch_norm_train`] followed by ReLU (`relu(y)`, NaN passing through), in
@@ -112,7 +151,21 @@ pub fn batch_norm_relu_train(
     beta: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, BatchNormStats)> {
-    train(x, gamma, beta, eps, NormOutput::f32(true), None).map(|(y, stats, _)| (y, stats))
+    let out = NormOutput::f32(Some(FusedActivation::Relu));
+    train(x, gamma, beta, eps, out, None).map(|(y, stats, _)| (y, stats))
+}
+
+/// [`batch_norm_train`] through `out.activation` (ReLU, GELU or SiLU), its
+/// output stored as `out.dtype`: on the GPU the activation runs in the
+/// normalize kernel, computed by its layer's formula.
+pub fn batch_norm_train_as(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f32,
+    out: NormOutput,
+) -> Result<(Tensor, BatchNormStats)> {
+    train(x, gamma, beta, eps, out, None).map(|(y, stats, _)| (y, stats))
 }
 
 /// The running statistics a training step folds its batch statistics into,
@@ -124,8 +177,8 @@ pub struct RunningStats<'a> {
     pub momentum: f32,
 }
 
-/// [`batch_norm_train`] (with `out.relu`, [`batch_norm_relu_train`]; its
-/// output as `out.dtype`) followed by [`update_running_stats`] with its batch
+/// [`batch_norm_train`] (through `out.activation`, as [`batch_norm_relu_train`];
+/// its output as `out.dtype`) followed by [`update_running_stats`] with its batch
 /// statistics: returns the new running mean and variance too. On the GPU the
 /// pass that finishes the batch statistics writes the running ones as well,
 /// so they take no dispatch of their own. Bit-identical to the separate calls.
@@ -191,7 +244,7 @@ fn train(
         &[x],
         layout,
         Lanes::of(layout),
-        false,
+        0,
     )?;
     let ([mean, inv_std], new) = finalize(
         ctx,
@@ -350,7 +403,7 @@ pub fn batch_norm_inference(
     running_var: &Tensor,
     eps: f32,
 ) -> Result<Tensor> {
-    let out = NormOutput::f32(false);
+    let out = NormOutput::f32(None);
     batch_norm_inference_as(x, gamma, beta, running_mean, running_var, eps, out)
 }
 
@@ -363,11 +416,11 @@ pub fn batch_norm_relu_inference(
     running_var: &Tensor,
     eps: f32,
 ) -> Result<Tensor> {
-    let out = NormOutput::f32(true);
+    let out = NormOutput::f32(Some(FusedActivation::Relu));
     batch_norm_inference_as(x, gamma, beta, running_mean, running_var, eps, out)
 }
 
-/// [`batch_norm_inference`] (with `out.relu`, [`batch_norm_relu_inference`]),
+/// [`batch_norm_inference`] (through `out.activation`, as [`batch_norm_relu_inference`]),
 /// its output as `out.dtype`.
 pub fn batch_norm_inference_as(
     x: &Tensor,
@@ -400,10 +453,15 @@ pub fn batch_norm_inference_as(
     normalize_gpu(ctx, x, lanes, stats, [gamma, beta], Some(eps), out)
 }
 
-/// The CPU path's output: `y` through the fused ReLU, then stored as `out.dtype`.
+/// The CPU path's output: `y` through the fused activation (the activation
+/// layer's own op), then stored as `out.dtype`.
 fn output_cpu(x: &Tensor, y: Vec<f32>, out: NormOutput) -> Result<Tensor> {
     let y = Tensor::from_f32(x.dims().to_vec(), y, &x.device())?;
-    let y = if out.relu { relu_op(&y)? } else { y };
+    let y = match out.activation {
+        None => y,
+        Some(FusedActivation::Relu) => relu_op(&y)?,
+        Some(FusedActivation::Smooth(kind)) => smooth_activation(&y, kind)?,
+    };
     match out.dtype {
         DType::F16 => cast_f16(&y, true),
         _ => Ok(y),
@@ -449,14 +507,14 @@ pub fn batch_norm_relu_backward(
         x,
         gamma,
         stats,
-        Some(y),
+        Some(ActivationGrad::Relu(y)),
         None,
         DxStorage::plain(DType::F32),
     )
 }
 
-/// [`batch_norm_backward`] (with `relu_output`: [`batch_norm_relu_backward`])
-/// with dx stored as `dx`: `DType::F16` clips it to +-65504 (NaN kept, +-inf
+/// [`batch_norm_backward`] (through `activation`'s gradient first where
+/// given, as [`batch_norm_relu_backward`]) with dx stored as `dx`: `DType::F16` clips it to +-65504 (NaN kept, +-inf
 /// clamped) and rounds it as `half::f16::from_f32`, exactly as a conv with f16
 /// kernels casts the gradient it is given, for a conv before this layer. On
 /// the GPU that needs a channel count divisible by 4.
@@ -465,10 +523,10 @@ pub fn batch_norm_backward_as(
     x: &Tensor,
     gamma: &Tensor,
     stats: &BatchNormStats,
-    relu_output: Option<&Tensor>,
+    activation: Option<ActivationGrad<'_>>,
     dx: DType,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    backward_into(dy, x, gamma, stats, relu_output, None, DxStorage::plain(dx))
+    backward_into(dy, x, gamma, stats, activation, None, DxStorage::plain(dx))
 }
 
 /// How backward dx is stored ([`batch_norm_backward_as`]) and, on the GPU,
@@ -504,7 +562,7 @@ pub(crate) fn backward_into(
     x: &Tensor,
     gamma: &Tensor,
     stats: &BatchNormStats,
-    relu_output: Option<&Tensor>,
+    activation: Option<ActivationGrad<'_>>,
     outputs: Option<&(Tensor, Tensor)>,
     dx_out: DxStorage<'_>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
@@ -525,31 +583,34 @@ pub(crate) fn backward_into(
         dgamma.expect_output_for("batch_norm_backward dgamma output", &[layout.channels], x)?;
         dbeta.expect_output_for("batch_norm_backward dbeta output", &[layout.channels], x)?;
     }
-    let lanes = Lanes::of(layout).holding(OP, relu_output.map_or(DType::F32, Tensor::dtype), x)?;
+    let stored = match activation {
+        Some(ActivationGrad::Relu(y)) => y.dtype(),
+        _ => DType::F32,
+    };
+    let lanes = Lanes::of(layout).holding(OP, stored, x)?;
     let dx_lanes = lanes.with_gradients(OP, dx_dtype, x)?;
-    if let Some(y) = relu_output {
-        if y.dims() != x.dims() {
-            return Err(AetherError::ShapeMismatch {
-                op: OP,
-                expected: x.dims().to_vec(),
-                actual: y.dims().to_vec(),
-            });
+    match activation {
+        Some(ActivationGrad::Relu(y)) => {
+            if y.dims() != x.dims() {
+                return Err(AetherError::ShapeMismatch {
+                    op: OP,
+                    expected: x.dims().to_vec(),
+                    actual: y.dims().to_vec(),
+                });
+            }
+            same_device(OP, &[dy, y])?;
         }
-        same_device(OP, &[dy, y])?;
-        if dy.host_f32().is_some() {
-            // The CPU path takes ReLU's gradient first (of an f16 output
-            // widened back), then the plain backward.
-            let widened;
-            let y = match y.dtype() {
-                DType::F16 => {
-                    widened = Tensor::from_f32(y.dims().to_vec(), y.to_vec_f32()?, &Device::Cpu)?;
-                    &widened
-                }
-                _ => y,
-            };
-            let gated = relu_backward(y, dy)?;
-            return backward_into(&gated, x, gamma, stats, None, None, dx_out);
+        Some(ActivationGrad::Smooth(_, beta)) => {
+            require_channel_vectors(OP, layout.channels, &[beta])?;
+            same_device(OP, &[dy, beta])?;
         }
+        None => {}
+    }
+    if let (Some(activation), Some(_)) = (activation, dy.host_f32()) {
+        // The CPU path takes the activation's gradient first, by the
+        // activation layer's own op, then the plain backward.
+        let through = activation_grad_cpu(activation, dy, x, gamma, stats)?;
+        return backward_into(&through, x, gamma, stats, None, None, dx_out);
     }
     if let (Some(dys), Some(xs), Some(g), Some(mean), Some(inv_std)) = (
         dy.host_f32(),
@@ -584,24 +645,39 @@ pub(crate) fn backward_into(
             });
         }
     }
-    // Without the fused ReLU the gate binding is dy itself, and not read.
-    let gate = relu_output.unwrap_or(dy);
+    let code = activation_code(activation.map(ActivationGrad::activation));
+    // Bindings a kernel does not read are bound to ones it does: ReLU's
+    // output to dy, beta to gamma.
+    let (relu_y, beta) = match activation {
+        Some(ActivationGrad::Relu(y)) => (y, gamma),
+        Some(ActivationGrad::Smooth(_, beta)) => (dy, beta),
+        None => (dy, gamma),
+    };
     let sums = partial_sums(
         ctx,
         "batchnorm_backward_sums",
         BACKWARD_SUMS_SHADER,
-        &[dy, gate, x, &stats.mean, &stats.inv_std],
+        &[dy, relu_y, x, &stats.mean, &stats.inv_std, gamma, beta],
         layout,
         lanes,
-        relu_output.is_some(),
+        code,
     )?;
     let into = outputs.map(|(dgamma, dbeta)| [dbeta, dgamma]);
     let ([dbeta, dgamma], _) = finalize(ctx, &sums, layout, Finish::Sums, 0.0, None, into)?;
-    let (kernel, flag_source) = match flag {
-        Some(_) => ("batchnorm_backward_dx_flag", GRAD_FLAG),
-        None => ("batchnorm_backward_dx", GRAD_UNFLAGGED),
+    // A smooth activation's dx binds beta where ReLU's binds its output.
+    let smooth = matches!(activation, Some(ActivationGrad::Smooth(..)));
+    let (kernel, flag_source) = match (smooth, flag) {
+        (false, Some(_)) => ("batchnorm_backward_dx_flag", GRAD_FLAG),
+        (false, None) => ("batchnorm_backward_dx", GRAD_UNFLAGGED),
+        (true, Some(_)) => ("batchnorm_backward_dx_smooth_flag", GRAD_FLAG),
+        (true, None) => ("batchnorm_backward_dx_smooth", GRAD_UNFLAGGED),
     };
-    let pipeline = dx_lanes.pipeline(ctx, kernel, &[flag_source, BACKWARD_DX_SHADER])?;
+    let (through, through_buffer) = match activation {
+        Some(ActivationGrad::Smooth(_, beta)) => (DX_THROUGH_SMOOTH, beta),
+        _ => (DX_THROUGH_RELU, relu_y),
+    };
+    let sources = [flag_source, through, BACKWARD_DX_SHADER];
+    let pipeline = dx_lanes.pipeline(ctx, kernel, &sources)?;
     let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), dx_dtype)?;
     let len = x.numel() / lanes.width;
     let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
@@ -610,11 +686,11 @@ pub(crate) fn backward_into(
         (layout.channels / lanes.width) as u32,
         layout.rows as u32,
         row_stride,
-        u32::from(relu_output.is_some()),
+        code,
     ];
     let mut buffers = vec![
         buf(dy),
-        buf(gate),
+        buf(through_buffer),
         buf(x),
         buf(&stats.mean),
         buf(&stats.inv_std),
@@ -828,6 +904,40 @@ fn backward_cpu(
     (dx, narrow(sum_dy_xhat), narrow(sum_dy))
 }
 
+/// `dy` through the fused activation's gradient on the CPU, as the activation
+/// layer's backward takes it: ReLU's gated by its output (an f16 one widened
+/// back), a smooth one's at the normalized value, recomputed by
+/// [`normalize_cpu`] as the forward computed it.
+fn activation_grad_cpu(
+    activation: ActivationGrad<'_>,
+    dy: &Tensor,
+    x: &Tensor,
+    gamma: &Tensor,
+    stats: &BatchNormStats,
+) -> Result<Tensor> {
+    match activation {
+        ActivationGrad::Relu(y) => match y.dtype() {
+            DType::F16 => {
+                let widened = Tensor::from_f32(y.dims().to_vec(), y.to_vec_f32()?, &Device::Cpu)?;
+                relu_backward(&widened, dy)
+            }
+            _ => relu_backward(y, dy),
+        },
+        ActivationGrad::Smooth(kind, beta) => {
+            let host = |t: &Tensor| -> Result<Vec<f32>> { t.to_vec_f32() };
+            let z = normalize_cpu(
+                &host(x)?,
+                &host(&stats.mean)?,
+                &host(&stats.inv_std)?,
+                &host(gamma)?,
+                &host(beta)?,
+            );
+            let z = Tensor::from_f32(x.dims().to_vec(), z, &Device::Cpu)?;
+            smooth_activation_backward(&z, dy, kind)
+        }
+    }
+}
+
 // ---- GPU path -------------------------------------------------------------
 
 /// What the second reduction pass makes of a channel's two partials.
@@ -933,7 +1043,8 @@ impl Lanes {
     }
 
     /// `kernel`'s pipeline at this width and activation storage: ReLU's bit
-    /// tests, the lane and activation headers, then `sources`.
+    /// tests, the smooth activations' formulas, the fused-activation switch,
+    /// the lane and storage headers, then `sources`.
     fn pipeline(
         self,
         ctx: &GpuContext,
@@ -960,7 +1071,14 @@ impl Lanes {
         };
         ctx.pipelines()
             .require(&PipelineKey::new(kernel, variant), "main", || {
-                [&[RELU_BITS], headers, sources].concat().concat().into()
+                [
+                    &[RELU_BITS, SMOOTH_FORMULAS, ACTIVATION_SHADER],
+                    headers,
+                    sources,
+                ]
+                .concat()
+                .concat()
+                .into()
             })
     }
 }
@@ -975,7 +1093,7 @@ fn partial_sums(
     inputs: &[&Tensor],
     layout: Layout,
     lanes: Lanes,
-    relu_gate: bool,
+    activation: u32,
 ) -> Result<[Tensor; 2]> {
     let pipeline = lanes.pipeline(ctx, kernel, &[REDUCE_SHADER, source])?;
     let chunks = layout.rows.div_ceil(CHUNK_ROWS);
@@ -992,7 +1110,7 @@ fn partial_sums(
         channel_tiles as u32,
         groups as u32,
         group_stride,
-        u32::from(relu_gate),
+        activation,
     ];
     let buffers: Vec<GpuSlice<'_>> = inputs.iter().copied().chain(&partials).map(buf).collect();
     ctx.dispatch(
@@ -1078,8 +1196,8 @@ fn finalize(
 }
 
 /// Records the normalize kernel. `spread` is inv_std, or with `variance_eps` the
-/// variance to turn into `1 / sqrt(var + eps)`; `out` says whether the fused
-/// ReLU runs and the output's dtype (`lanes`' activations).
+/// variance to turn into `1 / sqrt(var + eps)`; `out` says which fused
+/// activation runs and the output's dtype (`lanes`' activations).
 fn normalize_gpu(
     ctx: &Arc<GpuContext>,
     x: &Tensor,
@@ -1099,7 +1217,7 @@ fn normalize_gpu(
         row_stride,
         u32::from(variance_eps.is_some()),
         variance_eps.unwrap_or(0.0).to_bits(),
-        u32::from(out.relu),
+        activation_code(out.activation),
     ];
     ctx.dispatch(
         "batchnorm_normalize",
