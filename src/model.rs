@@ -563,7 +563,8 @@ impl Model {
     /// training over channels in fours), and
     /// whether a layer whose input gradient the layer before
     /// rounds to f16 anyway (such a conv again, clipping to +-65504) returns
-    /// it that way: bit-identical operands for the conv in half the bytes, and
+    /// it that way (BatchNorm; a MaxPool2d whose windows tile its input, over
+    /// channels in fours): bit-identical operands for the conv in half the bytes, and
     /// no casts of its own. The one difference: the fused ReLU's gradient is
     /// gated by the stored value, so a positive output below f16's smallest
     /// subnormal (2^-25), which the conv saw as 0, passes none. On by default;

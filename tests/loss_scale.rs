@@ -5,7 +5,7 @@
 mod common;
 
 use aether::gpu::DevicePreference;
-use aether::nn::{BatchNorm, Conv2d, Dense, Flatten, GlobalAvgPool, ReLU, Scale};
+use aether::nn::{BatchNorm, Conv2d, Dense, Flatten, GlobalAvgPool, MaxPool2d, ReLU, Scale};
 use aether::optim::{Adam, LossScale, Sgd};
 use aether::{AetherError, Device, Loss, Metric, Model, Padding};
 use common::{Rng, report};
@@ -245,17 +245,33 @@ fn an_overflow_hidden_by_the_clip_skips_the_step_and_halves_the_scale() {
 /// A conv whose output gradient BatchNorm writes, as f16, and nothing else
 /// rounds: the only place a scaled gradient can saturate f16 unseen.
 fn bn_fed_conv(seed: u64, scale: LossScale, device: &Device) -> Model {
-    pooled_conv_net(seed, scale, device, true)
+    pooled_conv_net(seed, scale, device, Between::BatchNorm)
 }
 
-/// A conv, BatchNorm where `batchnorm` (the conv then bias-free), global
-/// average pooling: the conv's output gradient comes from BatchNorm's dx or,
-/// without it, from the pool in f32.
-fn pooled_conv_net(seed: u64, scale: LossScale, device: &Device, batchnorm: bool) -> Model {
+/// What [`pooled_conv_net`] puts between its conv and its global pooling.
+#[derive(Clone, Copy, PartialEq)]
+enum Between {
+    Nothing,
+    BatchNorm,
+    MaxPool,
+}
+
+/// A conv, then BatchNorm (the conv then bias-free) or a 2x2 max pool where
+/// `between` says, then global average pooling: the conv's output gradient
+/// comes from BatchNorm's dx or the max pool's, both f16, or, with nothing
+/// between, from the global pool in f32.
+fn pooled_conv_net(seed: u64, scale: LossScale, device: &Device, between: Between) -> Model {
     let mut model = Model::new().seed(seed);
+    let batchnorm = between == Between::BatchNorm;
     model.add(Conv2d::new(8, (3, 3), Padding::Same).bias(!batchnorm));
-    if batchnorm {
-        model.add(BatchNorm::new(0.9, 1e-5));
+    match between {
+        Between::Nothing => {}
+        Between::BatchNorm => {
+            model.add(BatchNorm::new(0.9, 1e-5));
+        }
+        Between::MaxPool => {
+            model.add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid));
+        }
     }
     model.add(GlobalAvgPool::default());
     model.add(Flatten::default());
@@ -323,8 +339,36 @@ fn a_conv_flags_the_saturation_of_the_gradient_it_rounds() {
     // At 2^24 the loss gradient is near 2^23, and pooling over the 36
     // positions leaves each near 2^18, past 65504; at 1 it fits.
     let x = rng.vec(2 * SIDE * SIDE * 3);
-    let pooled = |seed, scale, device: &Device| pooled_conv_net(seed, scale, device, false);
+    let pooled =
+        |seed, scale, device: &Device| pooled_conv_net(seed, scale, device, Between::Nothing);
     overflow_is_flagged_without_a_check(&gpu, &x, &mut rng, pooled, "cast_f16");
+}
+
+/// A max pool whose windows tile its input writes the conv before it its
+/// input gradient as f16, and raises the scaler's flag where that saturates:
+/// no check kernel and no cast run for it, and the overflow still skips the
+/// step and halves the scale.
+#[test]
+fn a_max_pool_flags_the_saturation_of_the_gradient_it_writes() {
+    if f16_gpu().is_none() {
+        return;
+    }
+    // A device of this test's own: the shared one times the kernels of the
+    // tests beside it too.
+    let gpu = Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap();
+    let mut rng = Rng::fresh();
+    let max_pooled =
+        |seed, scale, device: &Device| pooled_conv_net(seed, scale, device, Between::MaxPool);
+    let model = max_pooled(rng.next_u64(), LossScale::Static(1.0), &gpu);
+    assert_eq!(
+        model.f16_input_grads(),
+        vec![1],
+        "the max pool hands the conv f16"
+    );
+    // At 2^24 the loss gradient is near 2^23, and the global pool over the
+    // 9 max-pooled positions leaves each near 2^20, past 65504; at 1 it fits.
+    let x = rng.vec(2 * SIDE * SIDE * 3);
+    overflow_is_flagged_without_a_check(&gpu, &x, &mut rng, max_pooled, "pool_max_backward_tiled");
 }
 
 /// The step of the net `build` makes on `x` and two labels apart (so the

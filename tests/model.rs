@@ -917,6 +917,47 @@ test_device!(
     }
 );
 
+test_device!(
+    f16_gradients_from_a_max_pool_train_bit_identically_to_f32_ones,
+    |device: &Device| {
+        // airbench's group: conv, 2x2 max pool, BatchNorm + GELU, conv,
+        // BatchNorm + ReLU. Where convs round to f16, the pool (1) writes the
+        // first conv's output gradient as f16, and BatchNorm 5 the second's;
+        // BatchNorm 2, whose GELU runs inside it, writes the second conv's
+        // input as f16.
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
+        let rounds = Conv2d::new(8, (3, 3), Padding::Same).rounds_input_to_f16(device);
+        let run = |f16: bool| {
+            let mut model = Model::new().seed(7).f16_activations(f16);
+            model
+                .add(Conv2d::new(8, (3, 3), Padding::Same).bias(false))
+                .add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid))
+                .add(BatchNorm::new(0.9, 1e-5))
+                .add(GELU::default())
+                .add(Conv2d::new(12, (3, 3), Padding::Same).bias(false))
+                .add(BatchNorm::new(0.9, 1e-5))
+                .add(ReLU::default())
+                .add(GlobalAvgPool::default())
+                .add(Dense::new(10));
+            let mut model = common::ready_model(model, device, &[SIDE, SIDE, 3]);
+            let on = f16 && rounds;
+            assert_eq!(
+                model.f16_input_grads(),
+                if on { vec![1, 5] } else { vec![] }
+            );
+            assert_eq!(model.f16_outputs(), if on { vec![2] } else { vec![] });
+            loss_and_logit_bits(&mut model, &x, &y)
+        };
+        let half = run(true);
+        let single = run(false);
+        let first_difference = half.iter().zip(&single).position(|(a, b)| a != b);
+        assert_eq!(
+            first_difference, None,
+            "losses (first 3) then logits differ between f16 and f32 gradients"
+        );
+    }
+);
+
 /// f16 activations and gradients take no dispatch of their own (BatchNorm
 /// writes them in its normalize and dx passes, a max pool with its dropout
 /// folded in as it pools) and save the casts: in v1, every conv gets both

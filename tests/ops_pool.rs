@@ -7,8 +7,8 @@ use aether::conv::Padding;
 use aether::ops::dropout::{dropout_backward, spatial_dropout, spatial_dropout_as};
 use aether::ops::pool::{
     PoolDropout, PoolParams, avg_pool2d, avg_pool2d_backward, global_avg_pool,
-    global_avg_pool_backward, max_pool2d, max_pool2d_backward, max_pool2d_dropout,
-    max_pool2d_dropout_backward,
+    global_avg_pool_backward, max_pool2d, max_pool2d_backward, max_pool2d_backward_as,
+    max_pool2d_dropout, max_pool2d_dropout_backward,
 };
 use aether::{AetherError, DType, Device, Tensor};
 use common::{Rng, f32_bits};
@@ -796,6 +796,72 @@ test_device!(
                     ..
                 })
             ));
+        }
+    }
+);
+
+test_device!(
+    max_pool_f16_dx_is_the_f32_dx_cast_as_a_conv_casts_it,
+    |device: &Device| {
+        // dx as f16 for a conv before the pool: the f32 backward's values,
+        // clipped to +-65504 and rounded as the conv's cast does, plain and
+        // with a folded dropout. Shapes as the test above: odd maps with a
+        // row and a column past the last window, many small maps, wide
+        // channels. dy carries values beyond f16's range, f16 subnormals,
+        // -0.0 and NaN.
+        let mut rng = Rng::fresh();
+        let params = PoolParams::new(2, 2, Padding::Valid);
+        let dropout = PoolDropout {
+            rate: 0.3,
+            seed: rng.next_u64(),
+            step: rng.next_u64() as u32,
+        };
+        for dims in [[3, 7, 5, 8], [40, 4, 4, 8], [2, 2, 2, 2048], [2, 6, 6, 12]] {
+            let x = Tensor::from_f32(dims.to_vec(), rng.vec(numel(dims)), device).unwrap();
+            let (pooled, argmax) = max_pool2d(&x, &params).unwrap();
+            let mut dys: Vec<f32> = rng
+                .vec(pooled.numel())
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * [1.0, 1e5, 3e-6, 1.0][i % 4])
+                .collect();
+            (dys[1], dys[2], dys[3]) = (-0.0, f32::NAN, 7e4);
+            let dy = Tensor::from_f32(pooled.dims().to_vec(), dys, device).unwrap();
+            for folded in [None, Some(&dropout)] {
+                let what = format!("{dims:?} dropout {folded:?} (seed {})", rng.seed);
+                let dx = max_pool2d_backward_as(&dy, &argmax, dims, &params, folded, DType::F16)
+                    .unwrap();
+                let f32_dx =
+                    max_pool2d_backward_as(&dy, &argmax, dims, &params, folded, DType::F32)
+                        .unwrap();
+                let want = aether::conv::cast_f16(&f32_dx, true).unwrap();
+                assert_eq!(dx.dtype(), DType::F16, "{what}");
+                assert_eq!(value_bits(&dx), value_bits(&want), "dx of {what}");
+                let halves = dx.to_vec_f16().unwrap();
+                assert!(
+                    halves.iter().any(|h| h.to_f32().abs() == 65504.0),
+                    "nothing saturated in {what}"
+                );
+                assert!(halves.iter().any(|h| h.is_nan()), "no NaN kept in {what}");
+            }
+        }
+        // The GPU kernels write four channels of whole windows: overlapping
+        // windows or 6 channels are a typed error there, and work on the CPU.
+        let overlapping = PoolParams::new(3, 2, Padding::Valid);
+        for (dims, p) in [([1, 5, 5, 4], &overlapping), ([1, 4, 4, 6], &params)] {
+            let x = Tensor::from_f32(dims.to_vec(), rng.vec(numel(dims)), device).unwrap();
+            let (pooled, argmax) = max_pool2d(&x, p).unwrap();
+            let dy =
+                Tensor::from_f32(pooled.dims().to_vec(), rng.vec(pooled.numel()), device).unwrap();
+            let result = max_pool2d_backward_as(&dy, &argmax, dims, p, None, DType::F16);
+            match (device.gpu_context(), result) {
+                (None, Ok(dx)) => assert_eq!(dx.dtype(), DType::F16),
+                (Some(_), Err(AetherError::InvalidShape { op, reason, .. })) => {
+                    assert_eq!(op, "max_pool2d_backward");
+                    assert!(reason.contains("fours"), "{reason}");
+                }
+                (_, other) => panic!("f16 dx of {dims:?} {p:?}: {other:?}"),
+            }
         }
     }
 );

@@ -142,6 +142,28 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
     plain
         .train_batch(&rng.vec(batch * 8 * 8 * 3), &[0, 1, 2, 0])
         .unwrap();
+    // A conv whose output a 2x2 max pool reads (with a spatial dropout
+    // folded in or not): the pool writes the conv's gradient as f16, flagging
+    // its saturation where a loss scaler asks (not without scaling).
+    for (dropout, scaled) in [(false, false), (false, true), (true, false), (true, true)] {
+        let mut pooled = Model::new().seed(5).fuse_dropout(on).f16_activations(on);
+        pooled
+            .add(Conv2d::new(8, (3, 3), Padding::Same))
+            .add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid));
+        if dropout {
+            pooled.add(SpatialDropout::new(0.1));
+        }
+        pooled.add(GlobalAvgPool::default()).add(Dense::new(3));
+        let mut pooled = common::ready_model(pooled, device, &input);
+        let scale = match scaled {
+            true => aether::optim::LossScale::Static(1024.0),
+            false => aether::optim::LossScale::Off,
+        };
+        pooled.set_loss_scale(scale).unwrap();
+        pooled
+            .train_batch(&rng.vec(batch * 8 * 8 * 3), &[0, 1, 2, 0])
+            .unwrap();
+    }
     // A graph with the merges and the layers only graphs and airbench use:
     // the residual add (alone and with the ReLU after it folded in) and the
     // gradient sum at a fork, channel copies, GELU (folded into its
@@ -524,6 +546,10 @@ fn every_kernel_translates_for_vulkan_metal_and_dx12() {
         "batchnorm_backward_dx_smooth_flag",
         "gelu",
         "silu",
+        "pool_max_backward_tiled_f16",
+        "pool_max_backward_tiled_f16_flag",
+        "pool_max_backward_tiled_dropout_f16",
+        "pool_max_backward_tiled_dropout_f16_flag",
     ] {
         assert!(
             shaders.iter().any(|s| s.key.kernel == kernel),

@@ -7,15 +7,20 @@
 // is done once instead of once per input element. The result is bit-identical to the
 // gather (pool_max_backward.wgsl): there each element sums 0.0 + dy, so -0.0
 // becomes +0.0 here too, on the bits (drivers need not keep signed zeros).
+// The `_f16` entry points store dx as f16 for a conv before that rounds its
+// output gradient to f16 anyway: clipped to +-65504 and rounded as the conv's
+// cast would (f16_bits.wgsl), four channels of one pixel in 8 bytes, and the
+// loss scaler's flag raised where a value saturates (pool_grad_flag.wgsl; or
+// pool_grad_unflagged.wgsl, which binds only the parameters).
 
 @group(0) @binding(0) var<storage, read> dy: array<f32>;
 @group(0) @binding(1) var<storage, read> argmax: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dx: array<f32>;
-@group(0) @binding(3) var<uniform> params: Params;
-// main_dropout4's views: four channels of one pixel at a time.
+// The four-channel entry points' views: four channels of one pixel at a time.
 @group(0) @binding(0) var<storage, read> dy4: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> argmax4: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> dx4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read_write> dx16: array<vec2<u32>>;
 
 // The input rows (x) and columns (y) output position `at`'s window writes:
 // its filter, and for the last window of an axis the leftover past it too.
@@ -100,5 +105,53 @@ fn main_dropout4(
             let i = input_index(at.n, at.row * params.stride_h + r, at.col * params.stride_w + s, at.ch);
             dx4[i / 4u] = select(vec4(0.0), grad, vec4(i) + lanes == winner);
         }
+    }
+}
+
+// Writes outputs o .. o + 3's windows of dx as f16: gradient `g` at `winner`,
+// +0 elsewhere, flagging the loss scaler where `g` saturates.
+fn scatter_windows4_f16(o: u32, g: vec4<f32>, winner: vec4<u32>) {
+    let bits = bitcast<vec4<u32>>(g);
+    let grad = select(bits, vec4(0u), bits == vec4(0x80000000u));
+    let halves = f16_bits4(clip_f16_range4(grad));
+    flag_saturation(halves);
+    let at = nhwc_position(o, params.h_out, params.w_out);
+    let lanes = vec4(0u, 1u, 2u, 3u);
+    let extent = owned_extent(at);
+    for (var r = 0u; r < extent.x; r++) {
+        for (var s = 0u; s < extent.y; s++) {
+            let i = input_index(at.n, at.row * params.stride_h + r, at.col * params.stride_w + s, at.ch);
+            let h = select(vec4(0u), halves, vec4(i) + lanes == winner);
+            dx16[i / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
+        }
+    }
+}
+
+// `main` four channels of one pixel an invocation (C % 4 == 0, the host
+// checks; `len` counts outputs), dx as f16.
+@compute @workgroup_size(256)
+fn main4_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = 4u * (gid.x + gid.y * params.row_stride);
+    if (o < params.len) {
+        scatter_windows4_f16(o, dy4[o / 4u], argmax4[o / 4u]);
+    }
+}
+
+// `main_dropout4`, dx as f16.
+@compute @workgroup_size(256)
+fn main_dropout4_f16(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lidx: u32,
+) {
+    let lane = pool_lane(wid, lidx, 4u);
+    var g = vec4(0.0);
+    var winner = vec4(0u);
+    if (lane.live) {
+        g = dy4[lane.o / 4u];
+        winner = argmax4[lane.o / 4u];
+    }
+    workgroupBarrier();
+    if (lane.live) {
+        scatter_windows4_f16(lane.o, g * pool_masks4(lane.tabled, lane.first, lane.o), winner);
     }
 }

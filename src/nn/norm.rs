@@ -4,9 +4,10 @@
 use super::{Layer, LayerSpec, Mode, Param, cached, state_size};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
+use crate::ops::DxStorage;
 use crate::ops::activation::FusedActivation;
 use crate::ops::batchnorm::{
-    ActivationGrad, BatchNormStats, DxStorage, NormOutput, RunningStats, backward_into,
+    ActivationGrad, BatchNormStats, NormOutput, RunningStats, backward_into,
     batch_norm_inference_as, batch_norm_train_running, check_epsilon, check_momentum,
     flags_dx_saturation, gated_running_stats,
 };

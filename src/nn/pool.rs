@@ -5,10 +5,11 @@ use super::{Layer, LayerSpec, Mode, cached, hwc};
 use crate::conv::Padding;
 use crate::device::Device;
 use crate::error::{AetherError, Result};
+use crate::ops::DxStorage;
 use crate::ops::pool::{
     PoolDropout, PoolParams, avg_pool2d, avg_pool2d_backward, global_avg_pool,
-    global_avg_pool_backward, max_pool2d, max_pool2d_backward, max_pool2d_dropout,
-    max_pool2d_dropout_backward, pooled_dims, windows_tile,
+    global_avg_pool_backward, max_pool2d, max_pool2d_backward_into, max_pool2d_dropout,
+    pooled_dims, windows_tile,
 };
 use crate::tensor::{DType, Tensor};
 
@@ -43,6 +44,12 @@ pub struct MaxPool2d {
     step_dropout: Option<PoolDropout>,
     /// How a training forward with a folded dropout stores `y`.
     output: DType,
+    /// The input gradient's dtype: F16 where the conv before rounds its
+    /// output gradient to f16 (see `Layer::input_grad_rounded_to_f16`).
+    input_grad: DType,
+    /// The loss scaler's state whose flag the next backward's f16 dx raises
+    /// (see `Layer::flag_input_grad_saturation`).
+    saturation_flag: Option<Tensor>,
 }
 
 impl MaxPool2d {
@@ -61,6 +68,8 @@ impl MaxPool2d {
             dropout: None,
             step_dropout: None,
             output: DType::F32,
+            input_grad: DType::F32,
+            saturation_flag: None,
         }
     }
 }
@@ -77,7 +86,7 @@ impl Layer for MaxPool2d {
     fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
         let shape = pooled_shape("MaxPool2d", input, &self.params)?;
         self.input = hwc("MaxPool2d", input)?;
-        (self.dropout, self.output) = (None, DType::F32);
+        (self.dropout, self.output, self.input_grad) = (None, DType::F32, DType::F32);
         Ok(shape)
     }
 
@@ -124,21 +133,39 @@ impl Layer for MaxPool2d {
         Ok(y)
     }
 
+    /// Where the windows partition the input and the channels come in fours
+    /// (the f16 backward writes four channels of a window at a time).
+    fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
+        let [h, w, c] = self.input;
+        let f16 = rounded && c.is_multiple_of(4) && windows_tile([1, h, w, c], &self.params);
+        self.input_grad = if f16 { DType::F16 } else { DType::F32 };
+        f16
+    }
+
+    fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
+        let flags = self.input_grad == DType::F16 && scaler.gpu_context().is_some();
+        self.saturation_flag = flags.then(|| scaler.clone());
+        flags
+    }
+
     fn end_step(&mut self) {
         self.argmax = None;
+        self.saturation_flag = None;
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        let flag = self.saturation_flag.take();
         if !need_dx {
             return Ok(None);
         }
         let dims = input_dims(&self.input_dims, "MaxPool2d::backward")?;
         let argmax = cached(&self.argmax, "MaxPool2d::backward")?;
-        match &self.step_dropout {
-            Some(dropout) => max_pool2d_dropout_backward(dy, argmax, dims, &self.params, dropout),
-            None => max_pool2d_backward(dy, argmax, dims, &self.params),
-        }
-        .map(Some)
+        let dx_out = DxStorage {
+            dtype: self.input_grad,
+            saturation_flag: flag.as_ref(),
+        };
+        let dropout = self.step_dropout.as_ref();
+        max_pool2d_backward_into(dy, argmax, dims, &self.params, dropout, dx_out).map(Some)
     }
 }
 

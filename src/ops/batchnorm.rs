@@ -28,6 +28,7 @@ use crate::conv::cast_f16;
 use crate::device::Device;
 use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
+use crate::ops::DxStorage;
 use crate::ops::activation::{
     FusedActivation, Smooth, relu_backward, smooth_activation, smooth_activation_backward,
 };
@@ -529,29 +530,10 @@ pub fn batch_norm_backward_as(
     backward_into(dy, x, gamma, stats, activation, None, DxStorage::plain(dx))
 }
 
-/// How backward dx is stored ([`batch_norm_backward_as`]) and, on the GPU,
-/// the loss scaler's state whose overflow flag an f16 dx raises where it
-/// saturates, as the scaler's own check of that gradient would
-/// (shaders/ops/batchnorm_grad_flag.wgsl; the model then skips the check).
-#[derive(Clone, Copy)]
-pub(crate) struct DxStorage<'a> {
-    pub dtype: DType,
-    pub saturation_flag: Option<&'a Tensor>,
-}
-
 /// Whether backward dx can flag its f16 saturation on `ctx`: its kernel then
 /// binds 10 storage buffers, one past the least device aether accepts (9).
 pub(crate) fn flags_dx_saturation(ctx: &GpuContext) -> bool {
     ctx.caps().limits.max_storage_buffers_per_shader_stage >= 10
-}
-
-impl DxStorage<'_> {
-    pub fn plain(dtype: DType) -> Self {
-        Self {
-            dtype,
-            saturation_flag: None,
-        }
-    }
 }
 
 /// [`batch_norm_backward_as`] with dx stored as `dx_out` says; on the GPU,

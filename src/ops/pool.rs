@@ -22,9 +22,10 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::conv::Padding;
+use crate::conv::{Padding, cast_f16};
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
+use crate::ops::DxStorage;
 use crate::ops::dropout::{SpatialMask, dropout_backward, spatial_dropout_as};
 use crate::tensor::{DType, Shape, Tensor};
 
@@ -45,13 +46,23 @@ const MAX_FORWARD_DROPOUT: &str = concat!(
     include_str!("../../shaders/ops/pool_max_forward.wgsl"),
     include_str!("../../shaders/ops/pool_max_forward_dropout.wgsl")
 );
-const MAX_BACKWARD_TILED: &str = concat!(
-    include_str!("../../shaders/ops/pool_common.wgsl"),
-    include_str!("../../shaders/ops/philox.wgsl"),
-    include_str!("../../shaders/ops/spatial_mask.wgsl"),
-    include_str!("../../shaders/ops/pool_mask.wgsl"),
-    include_str!("../../shaders/ops/pool_max_backward_tiled.wgsl")
-);
+/// The tiled backward's prelude: geometry, the dropout's masks, the f16 cast.
+macro_rules! tiled_backward {
+    ($grad:literal) => {
+        concat!(
+            include_str!("../../shaders/ops/pool_common.wgsl"),
+            include_str!("../../shaders/ops/philox.wgsl"),
+            include_str!("../../shaders/ops/spatial_mask.wgsl"),
+            include_str!("../../shaders/ops/pool_mask.wgsl"),
+            include_str!("../../shaders/common/f16_bits.wgsl"),
+            include_str!($grad),
+            include_str!("../../shaders/ops/pool_max_backward_tiled.wgsl")
+        )
+    };
+}
+const MAX_BACKWARD_TILED: &str = tiled_backward!("../../shaders/ops/pool_grad_unflagged.wgsl");
+/// With an f16 dx that raises the loss scaler's saturation flag.
+const MAX_BACKWARD_TILED_FLAG: &str = tiled_backward!("../../shaders/ops/pool_grad_flag.wgsl");
 const AVG_FORWARD: &str = concat!(
     include_str!("../../shaders/ops/pool_common.wgsl"),
     include_str!("../../shaders/ops/pool_avg_forward.wgsl")
@@ -713,6 +724,105 @@ pub fn max_pool2d_dropout_backward(
             g.params_with(g.output_len(), row_stride, mask.draw_words())
                 .to_vec()
         },
+    )?;
+    Ok(dx)
+}
+
+/// [`max_pool2d_backward`] (after a folded spatial dropout where `dropout`
+/// is given: [`max_pool2d_dropout_backward`]) with dx stored as `dx`:
+/// `DType::F16` clips it to +-65504 (NaN kept) and rounds it as
+/// `half::f16::from_f32`, exactly as a conv with f16 kernels casts the
+/// gradient it is given, for a conv before this pool. On the GPU that needs
+/// windows that partition the input and channels in fours.
+pub fn max_pool2d_backward_as(
+    dy: &Tensor,
+    argmax: &Tensor,
+    input_dims: [usize; 4],
+    p: &PoolParams,
+    dropout: Option<&PoolDropout>,
+    dx: DType,
+) -> Result<Tensor> {
+    max_pool2d_backward_into(dy, argmax, input_dims, p, dropout, DxStorage::plain(dx))
+}
+
+/// [`max_pool2d_backward_as`] with dx stored as `dx_out` says: an f16 one
+/// raises the loss scaler's saturation flag where given, on the GPU.
+pub(crate) fn max_pool2d_backward_into(
+    dy: &Tensor,
+    argmax: &Tensor,
+    input_dims: [usize; 4],
+    p: &PoolParams,
+    dropout: Option<&PoolDropout>,
+    dx_out: DxStorage<'_>,
+) -> Result<Tensor> {
+    const OP: &str = "max_pool2d_backward";
+    let refused = |reason: String| AetherError::InvalidShape {
+        op: OP,
+        shape: input_dims.to_vec(),
+        reason,
+    };
+    match dx_out.dtype {
+        DType::F32 => {
+            return match dropout {
+                Some(d) => max_pool2d_dropout_backward(dy, argmax, input_dims, p, d),
+                None => max_pool2d_backward(dy, argmax, input_dims, p),
+            };
+        }
+        DType::F16 => {}
+        other => return Err(refused(format!("dx as {other:?}: F32 or F16"))),
+    }
+    if dy.host_f32().is_some() {
+        let f32_out = DxStorage::plain(DType::F32);
+        let dx = max_pool2d_backward_into(dy, argmax, input_dims, p, dropout, f32_out)?;
+        return cast_f16(&dx, true);
+    }
+    let g = PoolGeometry::new(OP, input_dims, p)?;
+    if !g.windows_tile_input() || !g.c.is_multiple_of(4) {
+        return Err(refused(
+            "dx as F16 needs windows that partition the input and channels in fours".into(),
+        ));
+    }
+    check_max_backward(OP, dy, argmax, &g)?;
+    let ctx = gpu_context(dy);
+    g.check_loops(OP, ctx)?;
+    if let Some(scaler) = dx_out.saturation_flag
+        && !scaler.device().same_as(&dy.device())
+    {
+        return Err(AetherError::DeviceMismatch {
+            op: OP,
+            a: dy.device().name(),
+            b: scaler.device().name(),
+        });
+    }
+    let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F16)?;
+    let draws = match dropout {
+        Some(d) => d.mask(OP, g.output_dims())?.draw_words(),
+        None => [0; 6],
+    };
+    let flag = dx_out.saturation_flag;
+    let (kernel, entry) = match (dropout.is_some(), flag.is_some()) {
+        (false, false) => ("pool_max_backward_tiled_f16", "main4_f16"),
+        (false, true) => ("pool_max_backward_tiled_f16_flag", "main4_f16"),
+        (true, false) => ("pool_max_backward_tiled_dropout_f16", "main_dropout4_f16"),
+        (true, true) => (
+            "pool_max_backward_tiled_dropout_f16_flag",
+            "main_dropout4_f16",
+        ),
+    };
+    let source = match flag {
+        Some(_) => MAX_BACKWARD_TILED_FLAG,
+        None => MAX_BACKWARD_TILED,
+    };
+    let mut buffers = vec![gpu_buffer(dy), gpu_buffer(argmax), gpu_buffer(&dx)];
+    buffers.extend(flag.map(gpu_buffer));
+    launch_entry(
+        ctx,
+        (kernel, entry),
+        "pool_max_backward_tiled",
+        source,
+        &buffers,
+        g.output_len() / 4,
+        |row_stride| g.params_with(g.output_len(), row_stride, draws).to_vec(),
     )?;
     Ok(dx)
 }

@@ -1,0 +1,14 @@
+// A pool backward's f16 dx raises the loss scaler's overflow flag (word 2) in
+// the pass that writes it, by the test optim/saturation_check.wgsl runs on a
+// stored f16 gradient: f16 bits 0x7bff and up (65504, inf, NaN) after the
+// clip. The model then records no check of its own for that gradient. The
+// scaler is bound after dx, so the parameters come after it.
+
+@group(0) @binding(3) var<storage, read_write> scaler: array<atomic<u32>>;
+@group(0) @binding(4) var<uniform> params: Params;
+
+fn flag_saturation(halves: vec4<u32>) {
+    if (f16_at_limit4(halves)) {
+        atomicOr(&scaler[2], 1u);
+    }
+}
