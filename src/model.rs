@@ -18,7 +18,7 @@ use crate::device::Device;
 use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::graph::{self, Graph, NodeId};
 use crate::nn::{Layer, LayerSpec, Mode};
-use crate::ops::activation::FusedActivation;
+use crate::ops::activation::Activation;
 use crate::ops::loss::{
     correct_count, cross_entropy_scaled, softmax, softmax_cross_entropy_with_correct_scaled,
 };
@@ -564,7 +564,7 @@ impl Model {
     /// whether a layer whose input gradient the layer before
     /// rounds to f16 anyway (such a conv again, clipping to +-65504) returns
     /// it that way (BatchNorm; a MaxPool2d whose windows tile its input, over
-    /// channels in fours): bit-identical operands for the conv in half the bytes, and
+    /// channels in fours; ReLU, LeakyReLU, GELU and SiLU): bit-identical operands for the conv in half the bytes, and
     /// no casts of its own. The one difference: the fused ReLU's gradient is
     /// gated by the stored value, so a positive output below f16's smallest
     /// subnormal (2^-25), which the conv saw as 0, passes none. On by default;
@@ -860,7 +860,7 @@ impl Model {
         if self.fuse_activations {
             for i in 0..self.layers.len() {
                 if let Some(j) = sole_reader_of(i)
-                    && let Some(activation) = FusedActivation::of(&self.layers[i].spec())
+                    && let Some(activation) = Activation::of(&self.layers[i].spec())
                     && !self.folded[j]
                     && self.layers[j].fuse_activation(activation)
                 {
@@ -964,7 +964,7 @@ impl Model {
     /// Indices of the activation layers that `finalize` folded into the
     /// layer before them (see [`Model::fuse_activations`]).
     pub fn fused_activations(&self) -> Vec<usize> {
-        self.folded_where(|spec| FusedActivation::of(spec).is_some())
+        self.folded_where(|spec| Activation::of(spec).is_some())
     }
 
     /// Indices of the SpatialDropout layers that `finalize` folded into the

@@ -254,12 +254,13 @@ enum Between {
     Nothing,
     BatchNorm,
     MaxPool,
+    Relu,
 }
 
-/// A conv, then BatchNorm (the conv then bias-free) or a 2x2 max pool where
-/// `between` says, then global average pooling: the conv's output gradient
-/// comes from BatchNorm's dx or the max pool's, both f16, or, with nothing
-/// between, from the global pool in f32.
+/// A conv, then BatchNorm (the conv then bias-free), a 2x2 max pool or a
+/// ReLU where `between` says, then global average pooling: the conv's output
+/// gradient comes from the layer between as f16 or, with nothing between,
+/// from the global pool in f32.
 fn pooled_conv_net(seed: u64, scale: LossScale, device: &Device, between: Between) -> Model {
     let mut model = Model::new().seed(seed);
     let batchnorm = between == Between::BatchNorm;
@@ -271,6 +272,9 @@ fn pooled_conv_net(seed: u64, scale: LossScale, device: &Device, between: Betwee
         }
         Between::MaxPool => {
             model.add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid));
+        }
+        Between::Relu => {
+            model.add(ReLU::default());
         }
     }
     model.add(GlobalAvgPool::default());
@@ -369,6 +373,33 @@ fn a_max_pool_flags_the_saturation_of_the_gradient_it_writes() {
     // 9 max-pooled positions leaves each near 2^20, past 65504; at 1 it fits.
     let x = rng.vec(2 * SIDE * SIDE * 3);
     overflow_is_flagged_without_a_check(&gpu, &x, &mut rng, max_pooled, "pool_max_backward_tiled");
+}
+
+/// An activation after a conv writes the conv's output gradient as f16 and
+/// raises the scaler's flag where that saturates (here ReLU's backward; GELU,
+/// SiLU and leaky ReLU share its kernel): no check kernel and no cast run
+/// for it, and the overflow still skips the step and halves the scale.
+#[test]
+fn an_activation_flags_the_saturation_of_the_gradient_it_writes() {
+    if f16_gpu().is_none() {
+        return;
+    }
+    // A device of this test's own: the shared one times the kernels of the
+    // tests beside it too.
+    let gpu = Device::with_preference(DevicePreference::Gpu, &common::test_gpu_options()).unwrap();
+    let mut rng = Rng::fresh();
+    let rectified =
+        |seed, scale, device: &Device| pooled_conv_net(seed, scale, device, Between::Relu);
+    let model = rectified(rng.next_u64(), LossScale::Static(1.0), &gpu);
+    assert_eq!(
+        model.f16_input_grads(),
+        vec![1],
+        "the ReLU hands the conv f16"
+    );
+    // As with the conv alone: near 2^18 a position at 2^24, where the conv's
+    // output is positive.
+    let x = rng.vec(2 * SIDE * SIDE * 3);
+    overflow_is_flagged_without_a_check(&gpu, &x, &mut rng, rectified, "relu_backward");
 }
 
 /// The step of the net `build` makes on `x` and two labels apart (so the

@@ -11,7 +11,8 @@ use aether::conv::Padding;
 use aether::data::synthetic_images;
 use aether::gpu::{DevicePreference, GpuContext};
 use aether::nn::{
-    BatchNorm, Conv2d, Dense, Flatten, GELU, GlobalAvgPool, Layer, MaxPool2d, ReLU, SiLU, Softmax,
+    BatchNorm, Conv2d, Dense, Flatten, GELU, GlobalAvgPool, Layer, LeakyReLU, MaxPool2d, ReLU,
+    SiLU, Softmax,
 };
 use aether::optim::Adam;
 use aether::{AetherError, Device, Loss, Metric, Model, Tensor, TrainOptions};
@@ -946,6 +947,47 @@ test_device!(
                 if on { vec![1, 5] } else { vec![] }
             );
             assert_eq!(model.f16_outputs(), if on { vec![2] } else { vec![] });
+            loss_and_logit_bits(&mut model, &x, &y)
+        };
+        let half = run(true);
+        let single = run(false);
+        let first_difference = half.iter().zip(&single).position(|(a, b)| a != b);
+        assert_eq!(
+            first_difference, None,
+            "losses (first 3) then logits differ between f16 and f32 gradients"
+        );
+    }
+);
+
+test_device!(
+    f16_gradients_from_activations_train_bit_identically_to_f32_ones,
+    |device: &Device| {
+        // Convs without BatchNorm, each followed by an activation: where
+        // convs round to f16, ReLU (1), leaky ReLU (3), GELU (6) and SiLU (8)
+        // write their conv's output gradient as f16 (the max pool 4 follows
+        // an activation, not a conv); GELU writes the next conv's input as
+        // f16 too.
+        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
+        let rounds = Conv2d::new(8, (3, 3), Padding::Same).rounds_input_to_f16(device);
+        let run = |f16: bool| {
+            let mut model = Model::new().seed(9).f16_activations(f16);
+            model
+                .add(Conv2d::new(8, (3, 3), Padding::Same))
+                .add(ReLU::default())
+                .add(Conv2d::new(8, (3, 3), Padding::Same))
+                .add(LeakyReLU::new(0.1))
+                .add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid))
+                .add(Conv2d::new(12, (3, 3), Padding::Same))
+                .add(GELU::default())
+                .add(Conv2d::new(12, (3, 3), Padding::Same))
+                .add(SiLU::default())
+                .add(GlobalAvgPool::default())
+                .add(Dense::new(10));
+            let mut model = common::ready_model(model, device, &[SIDE, SIDE, 3]);
+            let on = f16 && rounds;
+            let grads = if on { vec![1, 3, 6, 8] } else { vec![] };
+            assert_eq!(model.f16_input_grads(), grads);
+            assert_eq!(model.f16_outputs(), if on { vec![6] } else { vec![] });
             loss_and_logit_bits(&mut model, &x, &y)
         };
         let half = run(true);

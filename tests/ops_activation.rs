@@ -4,8 +4,10 @@
 
 mod common;
 
-use aether::ops::activation::{leaky_relu, leaky_relu_backward, relu_backward};
-use aether::{AetherError, Device, Tensor};
+use aether::ops::activation::{
+    Activation, Smooth, activation_backward_as, leaky_relu, leaky_relu_backward, relu_backward,
+};
+use aether::{AetherError, DType, Device, Tensor};
 use common::Rng;
 
 /// Odd: the last workgroup of 256 is partly empty.
@@ -225,3 +227,53 @@ test_device!(invalid_operands_are_typed_errors, |device: &Device| {
         ));
     }
 });
+
+test_device!(
+    an_f16_input_gradient_is_the_f32_one_cast_as_a_conv_casts_it,
+    |device: &Device| {
+        // For the conv before an activation: each activation's f16-storing
+        // backward against the f32 one cast with the conv's clip, bit for
+        // bit (NaNs included). dy carries values past f16's range, into its
+        // subnormals and NaNs; LEN ends a group of eight mid-way.
+        let mut rng = Rng::fresh();
+        let x = activation_inputs(&mut rng);
+        let mut dys: Vec<f32> = rng
+            .vec(LEN)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * [1.0, 2e5, 1e-6][i % 3])
+            .collect();
+        // NaN gradients where x is positive too, which every activation passes.
+        for i in (5..LEN).step_by(101) {
+            dys[i] = f32::NAN;
+        }
+        let xt = Tensor::from_f32(vec![LEN], x, device).unwrap();
+        let dy = Tensor::from_f32(vec![LEN], dys, device).unwrap();
+        let halves = |t: &Tensor| -> Vec<u16> {
+            assert_eq!(t.dtype(), DType::F16);
+            t.to_vec_f16()
+                .unwrap()
+                .iter()
+                .map(|h| h.to_bits())
+                .collect()
+        };
+        for activation in [
+            Activation::Relu,
+            Activation::LeakyRelu(alpha_from(&mut rng)),
+            Activation::Smooth(Smooth::Gelu),
+            Activation::Smooth(Smooth::Silu),
+        ] {
+            let what = format!("{activation:?} (seed {})", rng.seed);
+            let f32_dx = activation_backward_as(&xt, &dy, activation, DType::F32).unwrap();
+            let f16_dx = activation_backward_as(&xt, &dy, activation, DType::F16).unwrap();
+            let want = aether::conv::cast_f16(&f32_dx, true).unwrap();
+            assert_eq!(halves(&f16_dx), halves(&want), "{what}");
+            let wide = f16_dx.to_vec_f32().unwrap();
+            assert!(
+                wide.iter().any(|v| v.abs() == 65504.0),
+                "nothing saturated: {what}"
+            );
+            assert!(wide.iter().any(|v| v.is_nan()), "no NaN kept: {what}");
+        }
+    }
+);

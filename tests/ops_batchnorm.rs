@@ -8,7 +8,7 @@ mod common;
 
 use aether::conv::cast_f16;
 use aether::ops::activation::{
-    FusedActivation, Smooth, relu_backward, smooth_activation, smooth_activation_as,
+    Activation, Smooth, relu_backward, smooth_activation, smooth_activation_as,
     smooth_activation_backward,
 };
 use aether::ops::batchnorm::{
@@ -414,7 +414,7 @@ test_device!(
         // One value a lane, four a lane, and four spanning two channel tiles.
         let shapes = [&[7usize, 13][..], &[2, 19, 17, 8], &[3, 9, 11, 40]];
         for kind in [Smooth::Gelu, Smooth::Silu] {
-            let activation = Some(FusedActivation::Smooth(kind));
+            let activation = Some(Activation::Smooth(kind));
             for dims in shapes {
                 let [(x, _), (gamma, _), (beta, _)] = random_inputs(&mut rng, dims, device);
                 let len = x.numel();
@@ -532,7 +532,7 @@ test_device!(
                 &gamma,
                 &beta,
                 EPS,
-                NormOutput::f32(relu.then_some(FusedActivation::Relu)),
+                NormOutput::f32(relu.then_some(Activation::Relu)),
                 running,
             )
             .unwrap();
@@ -790,7 +790,7 @@ test_device!(
             for relu in [false, true] {
                 let ctx = format!("{dims:?}, relu {relu} (seed {})", rng.seed);
                 let half_out = NormOutput {
-                    activation: relu.then_some(FusedActivation::Relu),
+                    activation: relu.then_some(Activation::Relu),
                     dtype: DType::F16,
                 };
                 let running = RunningStats {
@@ -809,7 +809,7 @@ test_device!(
                     &gamma,
                     &beta,
                     EPS,
-                    NormOutput::f32(relu.then_some(FusedActivation::Relu)),
+                    NormOutput::f32(relu.then_some(Activation::Relu)),
                     running,
                 )
                 .unwrap();
@@ -844,7 +844,7 @@ test_device!(
                     &rm,
                     &rv,
                     EPS,
-                    NormOutput::f32(relu.then_some(FusedActivation::Relu)),
+                    NormOutput::f32(relu.then_some(Activation::Relu)),
                 )
                 .unwrap();
                 same(
@@ -893,7 +893,7 @@ test_device!(
         let dims = [2usize, 3, 5, 6];
         let [(x, _), (gamma, _), (beta, _)] = random_inputs(&mut rng, &dims, device);
         let out = NormOutput {
-            activation: Some(FusedActivation::Relu),
+            activation: Some(Activation::Relu),
             dtype: DType::F16,
         };
         let result = batch_norm_inference_as(&x, &gamma, &beta, &beta, &gamma, EPS, out);

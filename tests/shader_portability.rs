@@ -142,17 +142,35 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
     plain
         .train_batch(&rng.vec(batch * 8 * 8 * 3), &[0, 1, 2, 0])
         .unwrap();
-    // A conv whose output a 2x2 max pool reads (with a spatial dropout
-    // folded in or not): the pool writes the conv's gradient as f16, flagging
-    // its saturation where a loss scaler asks (not without scaling).
-    for (dropout, scaled) in [(false, false), (false, true), (true, false), (true, true)] {
+    // A conv whose output a 2x2 max pool (with a spatial dropout folded in
+    // or not) or an activation reads: that layer writes the conv's gradient
+    // as f16, flagging its saturation where a loss scaler asks (not without
+    // scaling).
+    let after_conv: [fn(&mut Model); 6] = [
+        |m| {
+            m.add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid));
+        },
+        |m| {
+            m.add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid))
+                .add(SpatialDropout::new(0.1));
+        },
+        |m| {
+            m.add(ReLU::default());
+        },
+        |m| {
+            m.add(LeakyReLU::new(0.1));
+        },
+        |m| {
+            m.add(GELU::default());
+        },
+        |m| {
+            m.add(SiLU::default());
+        },
+    ];
+    for (add_after, scaled) in after_conv.iter().flat_map(|a| [(a, false), (a, true)]) {
         let mut pooled = Model::new().seed(5).fuse_dropout(on).f16_activations(on);
-        pooled
-            .add(Conv2d::new(8, (3, 3), Padding::Same))
-            .add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid));
-        if dropout {
-            pooled.add(SpatialDropout::new(0.1));
-        }
+        pooled.add(Conv2d::new(8, (3, 3), Padding::Same));
+        add_after(&mut pooled);
         pooled.add(GlobalAvgPool::default()).add(Dense::new(3));
         let mut pooled = common::ready_model(pooled, device, &input);
         let scale = match scaled {
@@ -550,6 +568,14 @@ fn every_kernel_translates_for_vulkan_metal_and_dx12() {
         "pool_max_backward_tiled_f16_flag",
         "pool_max_backward_tiled_dropout_f16",
         "pool_max_backward_tiled_dropout_f16_flag",
+        "relu_backward_f16",
+        "relu_backward_f16_flag",
+        "leaky_relu_backward_f16",
+        "leaky_relu_backward_f16_flag",
+        "gelu_backward_f16",
+        "gelu_backward_f16_flag",
+        "silu_backward_f16",
+        "silu_backward_f16_flag",
     ] {
         assert!(
             shaders.iter().any(|s| s.key.kernel == kernel),

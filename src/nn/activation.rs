@@ -4,14 +4,46 @@
 use super::{Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
 use crate::error::{Result, check_hyperparameter};
+use crate::ops::DxStorage;
 use crate::ops::activation::{
-    Smooth, leaky_relu, leaky_relu_backward, relu_backward, smooth_activation_as,
-    smooth_activation_backward,
+    Activation, Smooth, activation_backward_into, leaky_relu, smooth_activation_as,
 };
 use crate::ops::arith::scale;
 use crate::ops::loss::{softmax, softmax_backward};
 use crate::ops::relu;
 use crate::tensor::{DType, Tensor};
+
+/// Where an activation layer's backward writes its input gradient as f16,
+/// for the conv before it (see `Layer::input_grad_rounded_to_f16`), and the
+/// loss scaler whose saturation flag it then raises.
+#[derive(Default)]
+struct InputGrad {
+    f16: bool,
+    saturation_flag: Option<Tensor>,
+}
+
+impl InputGrad {
+    fn rounded(&mut self, rounded: bool) -> bool {
+        self.f16 = rounded;
+        rounded
+    }
+
+    fn flag(&mut self, scaler: &Tensor) -> bool {
+        let flags = self.f16 && scaler.gpu_context().is_some();
+        self.saturation_flag = flags.then(|| scaler.clone());
+        flags
+    }
+
+    /// `activation`'s gradient at its input `x` for `dy`, stored as decided.
+    fn backward(&mut self, x: &Tensor, dy: &Tensor, activation: Activation) -> Result<Tensor> {
+        let flag = self.saturation_flag.take();
+        let dx_out = DxStorage {
+            dtype: if self.f16 { DType::F16 } else { DType::F32 },
+            saturation_flag: flag.as_ref(),
+        };
+        activation_backward_into(x, dy, activation, dx_out)
+    }
+}
 
 /// `max(x, 0)`, elementwise; `ReLU::default()` makes one. Right after a
 /// BatchNorm or a residual `Add` it runs inside that layer (see
@@ -19,6 +51,7 @@ use crate::tensor::{DType, Tensor};
 #[derive(Default)]
 pub struct ReLU {
     input: Option<Tensor>,
+    input_grad: InputGrad,
 }
 
 impl Layer for ReLU {
@@ -39,13 +72,23 @@ impl Layer for ReLU {
 
     fn end_step(&mut self) {
         self.input = None;
+        self.input_grad.saturation_flag = None;
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         if !need_dx {
             return Ok(None);
         }
-        relu_backward(cached(&self.input, "ReLU::backward")?, dy).map(Some)
+        let x = cached(&self.input, "ReLU::backward")?;
+        self.input_grad.backward(x, dy, Activation::Relu).map(Some)
+    }
+
+    fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
+        self.input_grad.rounded(rounded)
+    }
+
+    fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
+        self.input_grad.flag(scaler)
     }
 }
 
@@ -53,12 +96,17 @@ impl Layer for ReLU {
 pub struct LeakyReLU {
     pub alpha: f32,
     input: Option<Tensor>,
+    input_grad: InputGrad,
 }
 
 impl LeakyReLU {
     /// The slope `alpha` below zero (finite; checked at `finalize`).
     pub fn new(alpha: f32) -> Self {
-        Self { alpha, input: None }
+        Self {
+            alpha,
+            input: None,
+            input_grad: InputGrad::default(),
+        }
     }
 }
 
@@ -86,13 +134,24 @@ impl Layer for LeakyReLU {
 
     fn end_step(&mut self) {
         self.input = None;
+        self.input_grad.saturation_flag = None;
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         if !need_dx {
             return Ok(None);
         }
-        leaky_relu_backward(cached(&self.input, "LeakyReLU::backward")?, dy, self.alpha).map(Some)
+        let x = cached(&self.input, "LeakyReLU::backward")?;
+        let activation = Activation::LeakyRelu(self.alpha);
+        self.input_grad.backward(x, dy, activation).map(Some)
+    }
+
+    fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
+        self.input_grad.rounded(rounded)
+    }
+
+    fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
+        self.input_grad.flag(scaler)
     }
 }
 
@@ -133,11 +192,13 @@ impl Layer for Softmax {
 
 /// A smooth activation layer over any shape, keeping its input for the
 /// backward. Its output goes as f16 where the next layer rounds its input to
-/// f16 (see `Layer::output_rounded_to_f16`).
+/// f16 (see `Layer::output_rounded_to_f16`), and its input gradient where the
+/// layer before rounds it.
 struct SmoothLayer {
     kind: Smooth,
     input: Option<Tensor>,
     output: DType,
+    input_grad: InputGrad,
 }
 
 impl SmoothLayer {
@@ -146,6 +207,7 @@ impl SmoothLayer {
             kind,
             input: None,
             output: DType::F32,
+            input_grad: InputGrad::default(),
         }
     }
 
@@ -170,7 +232,9 @@ impl SmoothLayer {
         if !need_dx {
             return Ok(None);
         }
-        smooth_activation_backward(cached(&self.input, layer)?, dy, self.kind).map(Some)
+        let x = cached(&self.input, layer)?;
+        let activation = Activation::Smooth(self.kind);
+        self.input_grad.backward(x, dy, activation).map(Some)
     }
 }
 
@@ -221,10 +285,19 @@ macro_rules! smooth_layer {
 
             fn end_step(&mut self) {
                 self.0.input = None;
+                self.0.input_grad.saturation_flag = None;
             }
 
             fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
                 self.0.output_rounded_to_f16(rounded)
+            }
+
+            fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
+                self.0.input_grad.rounded(rounded)
+            }
+
+            fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
+                self.0.input_grad.flag(scaler)
             }
         }
     };

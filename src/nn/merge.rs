@@ -4,7 +4,7 @@
 use super::{Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
-use crate::ops::activation::{FusedActivation, relu_backward};
+use crate::ops::activation::{Activation, relu_backward};
 use crate::ops::arith::{add, add_relu};
 use crate::ops::concat::{concat_channels, split_channels};
 use crate::tensor::Tensor;
@@ -73,8 +73,8 @@ impl Layer for Add {
         Ok(inputs[0].to_vec())
     }
 
-    fn fuse_activation(&mut self, activation: FusedActivation) -> bool {
-        self.relu = activation == FusedActivation::Relu;
+    fn fuse_activation(&mut self, activation: Activation) -> bool {
+        self.relu = activation == Activation::Relu;
         self.relu
     }
 

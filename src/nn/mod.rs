@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::conv::{ConvPlans, ConvWork, Padding};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
-use crate::ops::activation::FusedActivation;
+use crate::ops::activation::Activation;
 use crate::tensor::{DType, Tensor};
 
 /// Whether a forward pass trains (batch statistics, dropout) or infers.
@@ -274,7 +274,7 @@ pub trait Layer: Send {
     /// gradient through it first, so the model skips the activation layer.
     /// Returns false (and changes nothing) where the layer cannot; the result
     /// must be the two layers', computed by the same formulas in the same order.
-    fn fuse_activation(&mut self, _activation: FusedActivation) -> bool {
+    fn fuse_activation(&mut self, _activation: Activation) -> bool {
         false
     }
 

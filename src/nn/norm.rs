@@ -5,7 +5,7 @@ use super::{Layer, LayerSpec, Mode, Param, cached, state_size};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::DxStorage;
-use crate::ops::activation::FusedActivation;
+use crate::ops::activation::Activation;
 use crate::ops::batchnorm::{
     ActivationGrad, BatchNormStats, NormOutput, RunningStats, backward_into,
     batch_norm_inference_as, batch_norm_train_running, check_epsilon, check_momentum,
@@ -28,7 +28,7 @@ pub struct BatchNorm {
     channels: usize,
     /// The activation after this layer that runs inside it (see
     /// `Layer::fuse_activation`).
-    activation: Option<FusedActivation>,
+    activation: Option<Activation>,
     /// The output's dtype: F16 where the next layer rounds its input to f16
     /// (see `Layer::output_rounded_to_f16`).
     output: DType,
@@ -174,7 +174,7 @@ impl Layer for BatchNorm {
         let (y, stats, (mean, var)) =
             batch_norm_train_running(x, &s.gamma, &s.beta, eps, out, running)?;
         self.staged = Some((mean, var));
-        let relu_y = (self.activation == Some(FusedActivation::Relu)).then(|| y.clone());
+        let relu_y = (self.activation == Some(Activation::Relu)).then(|| y.clone());
         self.cache = Some((x.clone(), stats, relu_y));
         Ok(y)
     }
@@ -229,9 +229,7 @@ impl Layer for BatchNorm {
         };
         let state = self.state()?;
         let through = match (self.activation, relu_y) {
-            (Some(FusedActivation::Smooth(kind)), _) => {
-                Some(ActivationGrad::Smooth(kind, &state.beta))
-            }
+            (Some(Activation::Smooth(kind)), _) => Some(ActivationGrad::Smooth(kind, &state.beta)),
             (_, Some(y)) => Some(ActivationGrad::Relu(y)),
             (_, None) => None,
         };
@@ -246,10 +244,13 @@ impl Layer for BatchNorm {
         Ok(need_dx.then_some(dx))
     }
 
-    /// ReLU, GELU and SiLU: the normalize pass applies them, and the
+    /// ReLU, GELU and SiLU (not leaky ReLU): the normalize pass applies them, and the
     /// backward's two passes take their gradient (GELU's and SiLU's at the
     /// normalized value, recomputed from the input it keeps anyway).
-    fn fuse_activation(&mut self, activation: FusedActivation) -> bool {
+    fn fuse_activation(&mut self, activation: Activation) -> bool {
+        if matches!(activation, Activation::LeakyRelu(_)) {
+            return false;
+        }
         self.activation = Some(activation);
         true
     }

@@ -12,14 +12,31 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use crate::conv::cast_f16;
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
+use crate::ops::DxStorage;
 use crate::tensor::{DType, Tensor};
 
 const RELU_BACKWARD_SHADER: &str = concat!(
     include_str!("../../shaders/ops/relu_bits.wgsl"),
     include_str!("../../shaders/ops/activation_relu_backward.wgsl")
 );
+/// The f16-storing backward (activation_grad_f16.wgsl), without and with
+/// the loss scaler's saturation flag.
+macro_rules! grad_f16 {
+    ($flag:literal) => {
+        concat!(
+            include_str!("../../shaders/ops/relu_bits.wgsl"),
+            include_str!("../../shaders/common/f16_bits.wgsl"),
+            include_str!("../../shaders/ops/activation_smooth_common.wgsl"),
+            include_str!($flag),
+            include_str!("../../shaders/ops/activation_grad_f16.wgsl")
+        )
+    };
+}
+const GRAD_F16_SHADER: &str = grad_f16!("../../shaders/ops/activation_grad_unflagged.wgsl");
+const GRAD_F16_FLAG_SHADER: &str = grad_f16!("../../shaders/ops/activation_grad_flag.wgsl");
 const LEAKY_RELU_SHADER: &str = include_str!("../../shaders/ops/activation_leaky_relu.wgsl");
 const LEAKY_RELU_BACKWARD_SHADER: &str = concat!(
     include_str!("../../shaders/ops/relu_bits.wgsl"),
@@ -82,6 +99,109 @@ pub fn leaky_relu_backward(x: &Tensor, dy: &Tensor, alpha: f32) -> Result<Tensor
         &[x, dy],
         &[alpha.to_bits()],
     )
+}
+
+/// The gradient of `activation` at its input `x` for `dy`, stored as `dx`:
+/// F32 as [`relu_backward`], [`leaky_relu_backward`] and
+/// [`smooth_activation_backward`] return it; F16 clipped to +-65504 (NaN
+/// kept) and rounded as `half::f16::from_f32`, exactly as a conv with f16
+/// kernels casts the gradient it is given, for a conv before the activation.
+pub fn activation_backward_as(
+    x: &Tensor,
+    dy: &Tensor,
+    activation: Activation,
+    dx: DType,
+) -> Result<Tensor> {
+    activation_backward_into(x, dy, activation, DxStorage::plain(dx))
+}
+
+/// [`activation_backward_as`] with dx stored as `dx_out` says: an f16 one
+/// raises the loss scaler's saturation flag where given, on the GPU.
+pub(crate) fn activation_backward_into(
+    x: &Tensor,
+    dy: &Tensor,
+    activation: Activation,
+    dx_out: DxStorage<'_>,
+) -> Result<Tensor> {
+    let f32_grad = || match activation {
+        Activation::Relu => relu_backward(x, dy),
+        Activation::LeakyRelu(alpha) => leaky_relu_backward(x, dy, alpha),
+        Activation::Smooth(kind) => smooth_activation_backward(x, dy, kind),
+    };
+    // The entry point (and the dispatches' label), its pipelines' kernel
+    // names without and with the flag, and leaky ReLU's slope.
+    let (entry, [plain, flagged], alpha) = match activation {
+        Activation::Relu => (
+            "relu_backward",
+            ["relu_backward_f16", "relu_backward_f16_flag"],
+            0.0,
+        ),
+        Activation::LeakyRelu(alpha) => (
+            "leaky_relu_backward",
+            ["leaky_relu_backward_f16", "leaky_relu_backward_f16_flag"],
+            alpha,
+        ),
+        Activation::Smooth(Smooth::Gelu) => (
+            "gelu_backward",
+            ["gelu_backward_f16", "gelu_backward_f16_flag"],
+            0.0,
+        ),
+        Activation::Smooth(Smooth::Silu) => (
+            "silu_backward",
+            ["silu_backward_f16", "silu_backward_f16_flag"],
+            0.0,
+        ),
+    };
+    match dx_out.dtype {
+        DType::F32 => return f32_grad(),
+        DType::F16 => {}
+        other => {
+            return Err(AetherError::InvalidShape {
+                op: entry,
+                shape: x.dims().to_vec(),
+                reason: format!("dx as {other:?}: F32 or F16"),
+            });
+        }
+    }
+    check_operands(entry, &[x, dy])?;
+    check_alpha(entry, x, alpha)?;
+    if x.host_f32().is_some() {
+        return cast_f16(&f32_grad()?, true);
+    }
+    let flag = dx_out.saturation_flag;
+    if let Some(scaler) = flag
+        && !scaler.device().same_as(&x.device())
+    {
+        return Err(AetherError::DeviceMismatch {
+            op: entry,
+            a: x.device().name(),
+            b: scaler.device().name(),
+        });
+    }
+    let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
+    let (kernel, source) = match flag {
+        Some(_) => (flagged, GRAD_F16_FLAG_SHADER),
+        None => (plain, GRAD_F16_SHADER),
+    };
+    let pipeline = elementwise_pipeline(ctx, kernel, entry, source)?;
+    let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F16)?;
+    let len = x.numel();
+    let (grid, row_stride) = elementwise_grid(ctx, len.div_ceil(8));
+    let params = [len as u32, row_stride, alpha.to_bits()];
+    let mut buffers = vec![
+        x.gpu_slice().expect("GPU"),
+        dy.gpu_slice().expect("GPU"),
+        dx.gpu_slice().expect("GPU"),
+    ];
+    buffers.extend(flag.map(|s| s.gpu_slice().expect("checked on the GPU")));
+    ctx.dispatch(
+        entry,
+        &pipeline,
+        &buffers,
+        bytemuck::cast_slice(&params),
+        grid,
+    )?;
+    Ok(dx)
 }
 
 fn check_alpha(op: &'static str, x: &Tensor, alpha: f32) -> Result<()> {
@@ -281,21 +401,25 @@ impl Smooth {
     }
 }
 
-/// An activation a layer applies to its own output in place of the
-/// activation layer after it (a fused BatchNorm + activation, or a residual
-/// sum + ReLU), and whose gradient its backward takes first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FusedActivation {
+/// An elementwise activation, as a layer that fuses one (a BatchNorm or a
+/// residual `Add` applying the activation layer after it to its own output,
+/// see `Layer::fuse_activation`) or the f16-storing backward
+/// ([`activation_backward_as`]) takes it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
     Relu,
+    /// Leaky ReLU with this slope below zero.
+    LeakyRelu(f32),
     Smooth(Smooth),
 }
 
-impl FusedActivation {
-    /// The fused activation of an activation layer, where it is one.
+impl Activation {
+    /// The activation an activation layer applies, where it is one of these.
     pub fn of(spec: &crate::nn::LayerSpec) -> Option<Self> {
         use crate::nn::LayerSpec;
-        match spec {
+        match *spec {
             LayerSpec::ReLU => Some(Self::Relu),
+            LayerSpec::LeakyReLU { alpha } => Some(Self::LeakyRelu(alpha)),
             LayerSpec::GELU => Some(Self::Smooth(Smooth::Gelu)),
             LayerSpec::SiLU => Some(Self::Smooth(Smooth::Silu)),
             _ => None,

@@ -30,7 +30,7 @@ use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::ops::DxStorage;
 use crate::ops::activation::{
-    FusedActivation, Smooth, relu_backward, smooth_activation, smooth_activation_backward,
+    Activation, Smooth, relu_backward, smooth_activation, smooth_activation_backward,
 };
 use crate::ops::relu as relu_op;
 use crate::tensor::{DType, Shape, Tensor};
@@ -82,15 +82,15 @@ pub struct BatchNormStats {
 /// for a consumer that rounds its input to f16 anyway (a conv with f16
 /// kernels): the same values it would have used, in half the bytes, and no
 /// cast of its own. On the GPU it needs a channel count divisible by 4.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NormOutput {
-    pub activation: Option<FusedActivation>,
+    pub activation: Option<Activation>,
     pub dtype: DType,
 }
 
 impl NormOutput {
     /// An f32 output, through `activation` where given.
-    pub fn f32(activation: Option<FusedActivation>) -> Self {
+    pub fn f32(activation: Option<Activation>) -> Self {
         Self {
             activation,
             dtype: DType::F32,
@@ -99,13 +99,26 @@ impl NormOutput {
 }
 
 /// The number the batch-norm kernels know a fused activation by
-/// (shaders/ops/batchnorm_activation.wgsl); 0 for none.
-fn activation_code(activation: Option<FusedActivation>) -> u32 {
+/// (shaders/ops/batchnorm_activation.wgsl); 0 for none, and for leaky ReLU,
+/// which they do not fuse ([`check_fused`] refuses it first).
+fn activation_code(activation: Option<Activation>) -> u32 {
     match activation {
-        None => 0,
-        Some(FusedActivation::Relu) => 1,
-        Some(FusedActivation::Smooth(Smooth::Gelu)) => 2,
-        Some(FusedActivation::Smooth(Smooth::Silu)) => 3,
+        None | Some(Activation::LeakyRelu(_)) => 0,
+        Some(Activation::Relu) => 1,
+        Some(Activation::Smooth(Smooth::Gelu)) => 2,
+        Some(Activation::Smooth(Smooth::Silu)) => 3,
+    }
+}
+
+/// `Ok` for the activations batch norm fuses: ReLU, GELU and SiLU.
+fn check_fused(op: &'static str, x: &Tensor, activation: Option<Activation>) -> Result<()> {
+    match activation {
+        Some(Activation::LeakyRelu(alpha)) => Err(AetherError::InvalidShape {
+            op,
+            shape: x.dims().to_vec(),
+            reason: format!("fuses ReLU, GELU or SiLU, not leaky ReLU (alpha {alpha})"),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -123,10 +136,10 @@ pub enum ActivationGrad<'a> {
 }
 
 impl ActivationGrad<'_> {
-    fn activation(self) -> FusedActivation {
+    fn activation(self) -> Activation {
         match self {
-            Self::Relu(_) => FusedActivation::Relu,
-            Self::Smooth(kind, _) => FusedActivation::Smooth(kind),
+            Self::Relu(_) => Activation::Relu,
+            Self::Smooth(kind, _) => Activation::Smooth(kind),
         }
     }
 }
@@ -152,7 +165,7 @@ pub fn batch_norm_relu_train(
     beta: &Tensor,
     eps: f32,
 ) -> Result<(Tensor, BatchNormStats)> {
-    let out = NormOutput::f32(Some(FusedActivation::Relu));
+    let out = NormOutput::f32(Some(Activation::Relu));
     train(x, gamma, beta, eps, out, None).map(|(y, stats, _)| (y, stats))
 }
 
@@ -217,6 +230,7 @@ fn train(
     require_channel_vectors(OP, layout.channels, &[gamma, beta])?;
     same_device(OP, &[x, gamma, beta])?;
     let lanes = Lanes::of(layout).holding(OP, out.dtype, x)?;
+    check_fused(OP, x, out.activation)?;
     // The running statistics, checked, with their unbiased-variance scale.
     let running = running
         .map(|r| {
@@ -417,7 +431,7 @@ pub fn batch_norm_relu_inference(
     running_var: &Tensor,
     eps: f32,
 ) -> Result<Tensor> {
-    let out = NormOutput::f32(Some(FusedActivation::Relu));
+    let out = NormOutput::f32(Some(Activation::Relu));
     batch_norm_inference_as(x, gamma, beta, running_mean, running_var, eps, out)
 }
 
@@ -439,6 +453,7 @@ pub fn batch_norm_inference_as(
     require_channel_vectors(OP, layout.channels, &vectors)?;
     same_device(OP, &[x, gamma, beta, running_mean, running_var])?;
     let lanes = Lanes::of(layout).holding(OP, out.dtype, x)?;
+    check_fused(OP, x, out.activation)?;
     if let (Some(xs), Some(g), Some(b), Some(rm), Some(rv)) = (
         x.host_f32(),
         gamma.host_f32(),
@@ -459,9 +474,9 @@ pub fn batch_norm_inference_as(
 fn output_cpu(x: &Tensor, y: Vec<f32>, out: NormOutput) -> Result<Tensor> {
     let y = Tensor::from_f32(x.dims().to_vec(), y, &x.device())?;
     let y = match out.activation {
-        None => y,
-        Some(FusedActivation::Relu) => relu_op(&y)?,
-        Some(FusedActivation::Smooth(kind)) => smooth_activation(&y, kind)?,
+        None | Some(Activation::LeakyRelu(_)) => y,
+        Some(Activation::Relu) => relu_op(&y)?,
+        Some(Activation::Smooth(kind)) => smooth_activation(&y, kind)?,
     };
     match out.dtype {
         DType::F16 => cast_f16(&y, true),
