@@ -965,8 +965,8 @@ test_device!(
         // Convs without BatchNorm, each followed by an activation: where
         // convs round to f16, ReLU (1), leaky ReLU (3), GELU (6) and SiLU (8)
         // write their conv's output gradient as f16 (the max pool 4 follows
-        // an activation, not a conv); GELU writes the next conv's input as
-        // f16 too.
+        // an activation, not a conv); ReLU and GELU write the next conv's
+        // input as f16 too.
         let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
         let rounds = Conv2d::new(8, (3, 3), Padding::Same).rounds_input_to_f16(device);
         let run = |f16: bool| {
@@ -987,7 +987,7 @@ test_device!(
             let on = f16 && rounds;
             let grads = if on { vec![1, 3, 6, 8] } else { vec![] };
             assert_eq!(model.f16_input_grads(), grads);
-            assert_eq!(model.f16_outputs(), if on { vec![6] } else { vec![] });
+            assert_eq!(model.f16_outputs(), if on { vec![1, 6] } else { vec![] });
             loss_and_logit_bits(&mut model, &x, &y)
         };
         let half = run(true);

@@ -5,7 +5,8 @@
 mod common;
 
 use aether::ops::activation::{
-    Activation, Smooth, activation_backward_as, leaky_relu, leaky_relu_backward, relu_backward,
+    Activation, Smooth, activation_as, activation_backward_as, leaky_relu, leaky_relu_backward,
+    relu_backward,
 };
 use aether::{AetherError, DType, Device, Tensor};
 use common::Rng;
@@ -274,6 +275,46 @@ test_device!(
                 "nothing saturated: {what}"
             );
             assert!(wide.iter().any(|v| v.is_nan()), "no NaN kept: {what}");
+        }
+    }
+);
+
+test_device!(
+    an_f16_output_is_the_f32_one_rounded_as_a_conv_rounds_its_input,
+    |device: &Device| {
+        // For a conv after an activation: each activation's f16-storing
+        // forward against the f32 one clipped and rounded, bit for bit (NaN
+        // and signed zeros included); x reaches past f16's range.
+        let mut rng = Rng::fresh();
+        let mut xs = activation_inputs(&mut rng);
+        for i in (7..LEN).step_by(13) {
+            xs[i] *= 1e5;
+        }
+        let x = Tensor::from_f32(vec![LEN], xs, device).unwrap();
+        for activation in [
+            Activation::Relu,
+            Activation::LeakyRelu(alpha_from(&mut rng)),
+            Activation::Smooth(Smooth::Gelu),
+            Activation::Smooth(Smooth::Silu),
+        ] {
+            let what = format!("{activation:?} (seed {})", rng.seed);
+            let y32 = activation_as(&x, activation, DType::F32).unwrap();
+            let y16 = activation_as(&x, activation, DType::F16).unwrap();
+            assert_eq!(y16.dtype(), DType::F16, "{what}");
+            let want = aether::conv::cast_f16(&y32, true).unwrap();
+            let bits = |t: &Tensor| -> Vec<u16> {
+                t.to_vec_f16()
+                    .unwrap()
+                    .iter()
+                    .map(|h| h.to_bits())
+                    .collect()
+            };
+            assert_eq!(bits(&y16), bits(&want), "{what}");
+            let wide = y16.to_vec_f32().unwrap();
+            assert!(
+                wide.iter().any(|v| v.abs() == 65504.0),
+                "nothing saturated: {what}"
+            );
         }
     }
 );

@@ -5,43 +5,82 @@ use super::{Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
 use crate::error::{Result, check_hyperparameter};
 use crate::ops::DxStorage;
-use crate::ops::activation::{
-    Activation, Smooth, activation_backward_into, leaky_relu, smooth_activation_as,
-};
+use crate::ops::activation::{Activation, Smooth, activation_as, activation_backward_into};
 use crate::ops::arith::scale;
 use crate::ops::loss::{softmax, softmax_backward};
-use crate::ops::relu;
 use crate::tensor::{DType, Tensor};
 
-/// Where an activation layer's backward writes its input gradient as f16,
-/// for the conv before it (see `Layer::input_grad_rounded_to_f16`), and the
-/// loss scaler whose saturation flag it then raises.
-#[derive(Default)]
-struct InputGrad {
-    f16: bool,
+/// What an elementwise activation layer keeps: its input for the backward,
+/// how it stores its output (f16 where the next layer rounds its input to f16,
+/// see `Layer::output_rounded_to_f16`) and its input gradient (f16 where the
+/// conv before rounds it, see `Layer::input_grad_rounded_to_f16`), and the
+/// loss scaler whose saturation flag an f16 gradient then raises.
+struct Elementwise {
+    input: Option<Tensor>,
+    output: DType,
+    f16_input_grad: bool,
     saturation_flag: Option<Tensor>,
 }
 
-impl InputGrad {
-    fn rounded(&mut self, rounded: bool) -> bool {
-        self.f16 = rounded;
+impl Default for Elementwise {
+    fn default() -> Self {
+        Self {
+            input: None,
+            output: DType::F32,
+            f16_input_grad: false,
+            saturation_flag: None,
+        }
+    }
+}
+
+impl Elementwise {
+    fn forward(&mut self, x: &Tensor, mode: Mode, activation: Activation) -> Result<Tensor> {
+        if matches!(mode, Mode::Train { .. }) {
+            self.input = Some(x.clone());
+        }
+        activation_as(x, activation, self.output)
+    }
+
+    fn backward(
+        &mut self,
+        dy: &Tensor,
+        need_dx: bool,
+        activation: Activation,
+        layer: &'static str,
+    ) -> Result<Option<Tensor>> {
+        let flag = self.saturation_flag.take();
+        if !need_dx {
+            return Ok(None);
+        }
+        let dx_out = DxStorage {
+            dtype: if self.f16_input_grad {
+                DType::F16
+            } else {
+                DType::F32
+            },
+            saturation_flag: flag.as_ref(),
+        };
+        activation_backward_into(cached(&self.input, layer)?, dy, activation, dx_out).map(Some)
+    }
+
+    fn end_step(&mut self) {
+        (self.input, self.saturation_flag) = (None, None);
+    }
+
+    fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
+        self.output = if rounded { DType::F16 } else { DType::F32 };
         rounded
     }
 
-    fn flag(&mut self, scaler: &Tensor) -> bool {
-        let flags = self.f16 && scaler.gpu_context().is_some();
-        self.saturation_flag = flags.then(|| scaler.clone());
-        flags
+    fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
+        self.f16_input_grad = rounded;
+        rounded
     }
 
-    /// `activation`'s gradient at its input `x` for `dy`, stored as decided.
-    fn backward(&mut self, x: &Tensor, dy: &Tensor, activation: Activation) -> Result<Tensor> {
-        let flag = self.saturation_flag.take();
-        let dx_out = DxStorage {
-            dtype: if self.f16 { DType::F16 } else { DType::F32 },
-            saturation_flag: flag.as_ref(),
-        };
-        activation_backward_into(x, dy, activation, dx_out)
+    fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
+        let flags = self.f16_input_grad && scaler.gpu_context().is_some();
+        self.saturation_flag = flags.then(|| scaler.clone());
+        flags
     }
 }
 
@@ -49,54 +88,12 @@ impl InputGrad {
 /// BatchNorm or a residual `Add` it runs inside that layer (see
 /// [`Model::fuse_activations`](crate::Model::fuse_activations)).
 #[derive(Default)]
-pub struct ReLU {
-    input: Option<Tensor>,
-    input_grad: InputGrad,
-}
-
-impl Layer for ReLU {
-    fn spec(&self) -> LayerSpec {
-        LayerSpec::ReLU
-    }
-
-    fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
-        Ok(input.to_vec())
-    }
-
-    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        if matches!(mode, Mode::Train { .. }) {
-            self.input = Some(x.clone());
-        }
-        relu(x)
-    }
-
-    fn end_step(&mut self) {
-        self.input = None;
-        self.input_grad.saturation_flag = None;
-    }
-
-    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        if !need_dx {
-            return Ok(None);
-        }
-        let x = cached(&self.input, "ReLU::backward")?;
-        self.input_grad.backward(x, dy, Activation::Relu).map(Some)
-    }
-
-    fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
-        self.input_grad.rounded(rounded)
-    }
-
-    fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
-        self.input_grad.flag(scaler)
-    }
-}
+pub struct ReLU(Elementwise);
 
 /// `x` where positive, `alpha * x` elsewhere, elementwise.
 pub struct LeakyReLU {
     pub alpha: f32,
-    input: Option<Tensor>,
-    input_grad: InputGrad,
+    state: Elementwise,
 }
 
 impl LeakyReLU {
@@ -104,56 +101,143 @@ impl LeakyReLU {
     pub fn new(alpha: f32) -> Self {
         Self {
             alpha,
-            input: None,
-            input_grad: InputGrad::default(),
+            state: Elementwise::default(),
         }
     }
 }
 
-impl Layer for LeakyReLU {
-    fn spec(&self) -> LayerSpec {
+/// GELU, exact (erf) form as PyTorch's `nn.GELU()`: `x * Phi(x)`. Right
+/// after a BatchNorm it runs inside that layer (see
+/// [`Model::fuse_activations`](crate::Model::fuse_activations)).
+#[derive(Default)]
+pub struct GELU(Elementwise);
+
+/// SiLU (swish): `x * sigmoid(x)`. Right after a BatchNorm it runs inside
+/// that layer, as GELU does.
+#[derive(Default)]
+pub struct SiLU(Elementwise);
+
+/// What distinguishes the elementwise activation layers: their activation,
+/// spec and build check, and where their [`Elementwise`] state lives.
+trait ElementwiseLayer {
+    fn activation(&self) -> Activation;
+    fn layer_spec(&self) -> LayerSpec;
+    fn state(&mut self) -> &mut Elementwise;
+    /// The hyperparameters' check at `finalize`.
+    fn check(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl ElementwiseLayer for ReLU {
+    fn activation(&self) -> Activation {
+        Activation::Relu
+    }
+    fn layer_spec(&self) -> LayerSpec {
+        LayerSpec::ReLU
+    }
+    fn state(&mut self) -> &mut Elementwise {
+        &mut self.0
+    }
+}
+
+impl ElementwiseLayer for LeakyReLU {
+    fn activation(&self) -> Activation {
+        Activation::LeakyRelu(self.alpha)
+    }
+    fn layer_spec(&self) -> LayerSpec {
         LayerSpec::LeakyReLU { alpha: self.alpha }
     }
-
-    fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
+    fn state(&mut self) -> &mut Elementwise {
+        &mut self.state
+    }
+    fn check(&self) -> Result<()> {
         check_hyperparameter(
             "LeakyReLU alpha",
             self.alpha,
             self.alpha.is_finite(),
             "finite",
-        )?;
-        Ok(input.to_vec())
-    }
-
-    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        if matches!(mode, Mode::Train { .. }) {
-            self.input = Some(x.clone());
-        }
-        leaky_relu(x, self.alpha)
-    }
-
-    fn end_step(&mut self) {
-        self.input = None;
-        self.input_grad.saturation_flag = None;
-    }
-
-    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        if !need_dx {
-            return Ok(None);
-        }
-        let x = cached(&self.input, "LeakyReLU::backward")?;
-        let activation = Activation::LeakyRelu(self.alpha);
-        self.input_grad.backward(x, dy, activation).map(Some)
-    }
-
-    fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
-        self.input_grad.rounded(rounded)
-    }
-
-    fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
-        self.input_grad.flag(scaler)
+        )
     }
 }
+
+impl ElementwiseLayer for GELU {
+    fn activation(&self) -> Activation {
+        Activation::Smooth(Smooth::Gelu)
+    }
+    fn layer_spec(&self) -> LayerSpec {
+        LayerSpec::GELU
+    }
+    fn state(&mut self) -> &mut Elementwise {
+        &mut self.0
+    }
+}
+
+impl ElementwiseLayer for SiLU {
+    fn activation(&self) -> Activation {
+        Activation::Smooth(Smooth::Silu)
+    }
+    fn layer_spec(&self) -> LayerSpec {
+        LayerSpec::SiLU
+    }
+    fn state(&mut self) -> &mut Elementwise {
+        &mut self.0
+    }
+}
+
+/// `Layer` for an [`ElementwiseLayer`]: the shapes pass through, the rest is
+/// [`Elementwise`]'s.
+macro_rules! elementwise_layer {
+    ($layer:ident, $name:literal) => {
+        impl Layer for $layer {
+            fn spec(&self) -> LayerSpec {
+                self.layer_spec()
+            }
+
+            fn build(
+                &mut self,
+                input: &[usize],
+                _seed: u64,
+                _device: &Device,
+            ) -> Result<Vec<usize>> {
+                self.check()?;
+                Ok(input.to_vec())
+            }
+
+            fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
+                let activation = self.activation();
+                self.state().forward(x, mode, activation)
+            }
+
+            fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+                let activation = self.activation();
+                let layer = concat!($name, "::backward");
+                self.state().backward(dy, need_dx, activation, layer)
+            }
+
+            fn end_step(&mut self) {
+                self.state().end_step()
+            }
+
+            fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
+                self.state().output_rounded_to_f16(rounded)
+            }
+
+            fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
+                self.state().input_grad_rounded_to_f16(rounded)
+            }
+
+            fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
+                self.state().flag_input_grad_saturation(scaler)
+            }
+        }
+    };
+}
+
+elementwise_layer!(ReLU, "ReLU");
+elementwise_layer!(LeakyReLU, "LeakyReLU");
+elementwise_layer!(GELU, "GELU");
+elementwise_layer!(SiLU, "SiLU");
 
 /// Row-wise softmax over `[N, K]`.
 #[derive(Default)]
@@ -189,122 +273,6 @@ impl Layer for Softmax {
         softmax_backward(cached(&self.output, "Softmax::backward")?, dy).map(Some)
     }
 }
-
-/// A smooth activation layer over any shape, keeping its input for the
-/// backward. Its output goes as f16 where the next layer rounds its input to
-/// f16 (see `Layer::output_rounded_to_f16`), and its input gradient where the
-/// layer before rounds it.
-struct SmoothLayer {
-    kind: Smooth,
-    input: Option<Tensor>,
-    output: DType,
-    input_grad: InputGrad,
-}
-
-impl SmoothLayer {
-    fn new(kind: Smooth) -> Self {
-        Self {
-            kind,
-            input: None,
-            output: DType::F32,
-            input_grad: InputGrad::default(),
-        }
-    }
-
-    fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-        if matches!(mode, Mode::Train { .. }) {
-            self.input = Some(x.clone());
-        }
-        smooth_activation_as(x, self.kind, self.output)
-    }
-
-    fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
-        self.output = if rounded { DType::F16 } else { DType::F32 };
-        rounded
-    }
-
-    fn backward(
-        &mut self,
-        dy: &Tensor,
-        need_dx: bool,
-        layer: &'static str,
-    ) -> Result<Option<Tensor>> {
-        if !need_dx {
-            return Ok(None);
-        }
-        let x = cached(&self.input, layer)?;
-        let activation = Activation::Smooth(self.kind);
-        self.input_grad.backward(x, dy, activation).map(Some)
-    }
-}
-
-/// GELU, exact (erf) form as PyTorch's `nn.GELU()`: `x * Phi(x)`. Right
-/// after a BatchNorm it runs inside that layer (see
-/// [`Model::fuse_activations`](crate::Model::fuse_activations)).
-pub struct GELU(SmoothLayer);
-
-impl Default for GELU {
-    fn default() -> Self {
-        Self(SmoothLayer::new(Smooth::Gelu))
-    }
-}
-
-/// SiLU (swish): `x * sigmoid(x)`. Right after a BatchNorm it runs inside
-/// that layer, as GELU does.
-pub struct SiLU(SmoothLayer);
-
-impl Default for SiLU {
-    fn default() -> Self {
-        Self(SmoothLayer::new(Smooth::Silu))
-    }
-}
-
-macro_rules! smooth_layer {
-    ($layer:ident, $name:literal) => {
-        impl Layer for $layer {
-            fn spec(&self) -> LayerSpec {
-                LayerSpec::$layer
-            }
-
-            fn build(
-                &mut self,
-                input: &[usize],
-                _seed: u64,
-                _device: &Device,
-            ) -> Result<Vec<usize>> {
-                Ok(input.to_vec())
-            }
-
-            fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor> {
-                self.0.forward(x, mode)
-            }
-
-            fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-                self.0.backward(dy, need_dx, concat!($name, "::backward"))
-            }
-
-            fn end_step(&mut self) {
-                self.0.input = None;
-                self.0.input_grad.saturation_flag = None;
-            }
-
-            fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
-                self.0.output_rounded_to_f16(rounded)
-            }
-
-            fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
-                self.0.input_grad.rounded(rounded)
-            }
-
-            fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
-                self.0.input_grad.flag(scaler)
-            }
-        }
-    };
-}
-
-smooth_layer!(GELU, "GELU");
-smooth_layer!(SiLU, "SiLU");
 
 /// Passes its input through unchanged (a placeholder branch, as PyTorch's
 /// `nn.Identity`).

@@ -323,10 +323,11 @@ const SMOOTH_SHADER: &str = concat!(
     include_str!("../../shaders/ops/activation_smooth_common.wgsl"),
     include_str!("../../shaders/ops/activation_smooth.wgsl")
 );
-const SMOOTH_F16_SHADER: &str = concat!(
+const ACTIVATION_F16_SHADER: &str = concat!(
+    include_str!("../../shaders/ops/relu_bits.wgsl"),
     include_str!("../../shaders/common/f16_bits.wgsl"),
     include_str!("../../shaders/ops/activation_smooth_common.wgsl"),
-    include_str!("../../shaders/ops/activation_smooth_f16.wgsl")
+    include_str!("../../shaders/ops/activation_f16.wgsl")
 );
 const SMOOTH_BACKWARD_SHADER: &str = concat!(
     include_str!("../../shaders/ops/activation_smooth_common.wgsl"),
@@ -438,40 +439,52 @@ pub fn smooth_activation(x: &Tensor, kind: Smooth) -> Result<Tensor> {
     gpu_elementwise(kernel, kernel, SMOOTH_SHADER, &[x], &[])
 }
 
-/// [`smooth_activation`] stored as `output`: F32, or F16 for a consumer that
-/// rounds its input to f16 anyway (saturated at +-65504 and rounded as
-/// `half::f16::from_f32`, NaN kept: the values it would have rounded to, in
-/// half the bytes).
+/// [`smooth_activation`] stored as `output` (see [`activation_as`]).
 pub fn smooth_activation_as(x: &Tensor, kind: Smooth, output: DType) -> Result<Tensor> {
+    activation_as(x, Activation::Smooth(kind), output)
+}
+
+/// `activation` elementwise over f32 `x`, stored as `output`: F32 as
+/// [`crate::ops::relu`], [`leaky_relu`] and [`smooth_activation`] return it,
+/// or F16 for a consumer that rounds its input to f16 anyway (saturated at
+/// +-65504 and rounded as `half::f16::from_f32`, NaN kept: the values it
+/// would have rounded to, in half the bytes).
+pub fn activation_as(x: &Tensor, activation: Activation, output: DType) -> Result<Tensor> {
+    let f32_output = || match activation {
+        Activation::Relu => crate::ops::relu(x),
+        Activation::LeakyRelu(alpha) => leaky_relu(x, alpha),
+        Activation::Smooth(kind) => smooth_activation(x, kind),
+    };
+    let (kernel, alpha) = match activation {
+        Activation::Relu => ("relu", 0.0),
+        Activation::LeakyRelu(alpha) => ("leaky_relu", alpha),
+        Activation::Smooth(kind) => (kind.kernels().0, 0.0),
+    };
     match output {
-        DType::F32 => return smooth_activation(x, kind),
+        DType::F32 => return f32_output(),
         DType::F16 => {}
         other => {
             return Err(AetherError::InvalidShape {
-                op: "smooth_activation_as",
+                op: kernel,
                 shape: x.dims().to_vec(),
                 reason: format!("output {other:?}: F32 or F16"),
             });
         }
     }
-    let (kernel, _) = kind.kernels();
     check_operands(kernel, &[x])?;
-    if let Some(xs) = x.host_f32() {
-        let y = xs
-            .par_iter()
-            .map(|&v| half::f16::from_f32(crate::conv::clip_f16_range(kind.value(v))))
-            .collect();
-        return Tensor::from_f16(x.dims().to_vec(), y, &x.device());
+    check_alpha(kernel, x, alpha)?;
+    if x.host_f32().is_some() {
+        return cast_f16(&f32_output()?, true);
     }
     let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
     let key = PipelineKey::new(kernel, "f16_output");
     let pipeline = ctx
         .pipelines()
-        .require(&key, kernel, || SMOOTH_F16_SHADER.into())?;
+        .require(&key, kernel, || ACTIVATION_F16_SHADER.into())?;
     let y = Tensor::uninit_gpu(ctx, x.shape().clone(), DType::F16)?;
     let len = x.numel();
     let (grid, row_stride) = elementwise_grid(ctx, len.div_ceil(8));
-    let params = [len as u32, row_stride];
+    let params = [len as u32, row_stride, alpha.to_bits()];
     ctx.dispatch(
         kernel,
         &pipeline,
