@@ -559,8 +559,8 @@ impl Model {
 
     /// Whether a layer whose output the next layer rounds to f16 anyway (a
     /// conv with f16 kernels, on a GPU) writes it as f16 where it can
-    /// (BatchNorm; SpatialDropout, or a MaxPool2d with one folded in, in
-    /// training over channels in fours), and
+    /// (BatchNorm; SpatialDropout in training and MaxPool2d, over channels in
+    /// fours; ReLU, LeakyReLU, GELU and SiLU), and
     /// whether a layer whose input gradient the layer before
     /// rounds to f16 anyway (such a conv again, clipping to +-65504) returns
     /// it that way (BatchNorm; a MaxPool2d whose windows tile its input, over

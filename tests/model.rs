@@ -918,18 +918,44 @@ test_device!(
     }
 );
 
+/// Trains the model `layers` builds with f16 activations on and off, three
+/// steps then predictions, and checks it bit for bit; with them on, where
+/// convs round to f16, the layers writing f16 input gradients and outputs
+/// are `grads` and `outputs`.
+fn f16_trains_as_f32(device: &Device, layers: fn(&mut Model), grads: &[usize], outputs: &[usize]) {
+    let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
+    let rounds = Conv2d::new(8, (3, 3), Padding::Same).rounds_input_to_f16(device);
+    let run = |f16: bool| {
+        let mut model = Model::new().seed(7).f16_activations(f16);
+        layers(&mut model);
+        let mut model = common::ready_model(model, device, &[SIDE, SIDE, 3]);
+        let on = f16 && rounds;
+        let expected = |layers: &[usize]| if on { layers.to_vec() } else { vec![] };
+        assert_eq!(
+            model.f16_input_grads(),
+            expected(grads),
+            "f16 input gradients"
+        );
+        assert_eq!(model.f16_outputs(), expected(outputs), "f16 outputs");
+        loss_and_logit_bits(&mut model, &x, &y)
+    };
+    let half = run(true);
+    let single = run(false);
+    let first_difference = half.iter().zip(&single).position(|(a, b)| a != b);
+    assert_eq!(
+        first_difference, None,
+        "losses (first 3) then logits differ between f16 and f32 activations"
+    );
+}
+
 test_device!(
     f16_gradients_from_a_max_pool_train_bit_identically_to_f32_ones,
     |device: &Device| {
         // airbench's group: conv, 2x2 max pool, BatchNorm + GELU, conv,
-        // BatchNorm + ReLU. Where convs round to f16, the pool (1) writes the
-        // first conv's output gradient as f16, and BatchNorm 5 the second's;
-        // BatchNorm 2, whose GELU runs inside it, writes the second conv's
-        // input as f16.
-        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
-        let rounds = Conv2d::new(8, (3, 3), Padding::Same).rounds_input_to_f16(device);
-        let run = |f16: bool| {
-            let mut model = Model::new().seed(7).f16_activations(f16);
+        // BatchNorm + ReLU. The pool (1) writes the first conv's output
+        // gradient as f16, and BatchNorm 5 the second's; BatchNorm 2, whose
+        // GELU runs inside it, writes the second conv's input as f16.
+        let layers = |model: &mut Model| {
             model
                 .add(Conv2d::new(8, (3, 3), Padding::Same).bias(false))
                 .add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid))
@@ -940,37 +966,19 @@ test_device!(
                 .add(ReLU::default())
                 .add(GlobalAvgPool::default())
                 .add(Dense::new(10));
-            let mut model = common::ready_model(model, device, &[SIDE, SIDE, 3]);
-            let on = f16 && rounds;
-            assert_eq!(
-                model.f16_input_grads(),
-                if on { vec![1, 5] } else { vec![] }
-            );
-            assert_eq!(model.f16_outputs(), if on { vec![2] } else { vec![] });
-            loss_and_logit_bits(&mut model, &x, &y)
         };
-        let half = run(true);
-        let single = run(false);
-        let first_difference = half.iter().zip(&single).position(|(a, b)| a != b);
-        assert_eq!(
-            first_difference, None,
-            "losses (first 3) then logits differ between f16 and f32 gradients"
-        );
+        f16_trains_as_f32(device, layers, &[1, 5], &[2]);
     }
 );
 
 test_device!(
     f16_gradients_from_activations_train_bit_identically_to_f32_ones,
     |device: &Device| {
-        // Convs without BatchNorm, each followed by an activation: where
-        // convs round to f16, ReLU (1), leaky ReLU (3), GELU (6) and SiLU (8)
-        // write their conv's output gradient as f16 (the max pool 4 follows
-        // an activation, not a conv); ReLU and GELU write the next conv's
-        // input as f16 too.
-        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
-        let rounds = Conv2d::new(8, (3, 3), Padding::Same).rounds_input_to_f16(device);
-        let run = |f16: bool| {
-            let mut model = Model::new().seed(9).f16_activations(f16);
+        // Convs without BatchNorm, each followed by an activation: ReLU (1),
+        // leaky ReLU (3), GELU (6) and SiLU (8) write their conv's output
+        // gradient as f16 (the max pool 4 follows an activation, not a
+        // conv); ReLU, the pool and GELU write the next conv's input as f16.
+        let layers = |model: &mut Model| {
             model
                 .add(Conv2d::new(8, (3, 3), Padding::Same))
                 .add(ReLU::default())
@@ -983,20 +991,8 @@ test_device!(
                 .add(SiLU::default())
                 .add(GlobalAvgPool::default())
                 .add(Dense::new(10));
-            let mut model = common::ready_model(model, device, &[SIDE, SIDE, 3]);
-            let on = f16 && rounds;
-            let grads = if on { vec![1, 3, 6, 8] } else { vec![] };
-            assert_eq!(model.f16_input_grads(), grads);
-            assert_eq!(model.f16_outputs(), if on { vec![1, 6] } else { vec![] });
-            loss_and_logit_bits(&mut model, &x, &y)
         };
-        let half = run(true);
-        let single = run(false);
-        let first_difference = half.iter().zip(&single).position(|(a, b)| a != b);
-        assert_eq!(
-            first_difference, None,
-            "losses (first 3) then logits differ between f16 and f32 gradients"
-        );
+        f16_trains_as_f32(device, layers, &[1, 3, 6, 8], &[1, 4, 6]);
     }
 );
 

@@ -229,6 +229,16 @@ test_device!(invalid_operands_are_typed_errors, |device: &Device| {
     }
 });
 
+/// ReLU, leaky ReLU at a random slope, GELU and SiLU.
+fn every_activation(rng: &mut Rng) -> [Activation; 4] {
+    [
+        Activation::Relu,
+        Activation::LeakyRelu(alpha_from(rng)),
+        Activation::Smooth(Smooth::Gelu),
+        Activation::Smooth(Smooth::Silu),
+    ]
+}
+
 test_device!(
     an_f16_input_gradient_is_the_f32_one_cast_as_a_conv_casts_it,
     |device: &Device| {
@@ -258,12 +268,7 @@ test_device!(
                 .map(|h| h.to_bits())
                 .collect()
         };
-        for activation in [
-            Activation::Relu,
-            Activation::LeakyRelu(alpha_from(&mut rng)),
-            Activation::Smooth(Smooth::Gelu),
-            Activation::Smooth(Smooth::Silu),
-        ] {
+        for activation in every_activation(&mut rng) {
             let what = format!("{activation:?} (seed {})", rng.seed);
             let f32_dx = activation_backward_as(&xt, &dy, activation, DType::F32).unwrap();
             let f16_dx = activation_backward_as(&xt, &dy, activation, DType::F16).unwrap();
@@ -291,12 +296,7 @@ test_device!(
             xs[i] *= 1e5;
         }
         let x = Tensor::from_f32(vec![LEN], xs, device).unwrap();
-        for activation in [
-            Activation::Relu,
-            Activation::LeakyRelu(alpha_from(&mut rng)),
-            Activation::Smooth(Smooth::Gelu),
-            Activation::Smooth(Smooth::Silu),
-        ] {
+        for activation in every_activation(&mut rng) {
             let what = format!("{activation:?} (seed {})", rng.seed);
             let y32 = activation_as(&x, activation, DType::F32).unwrap();
             let y16 = activation_as(&x, activation, DType::F16).unwrap();

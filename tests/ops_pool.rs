@@ -7,8 +7,8 @@ use aether::conv::Padding;
 use aether::ops::dropout::{dropout_backward, spatial_dropout, spatial_dropout_as};
 use aether::ops::pool::{
     PoolDropout, PoolParams, avg_pool2d, avg_pool2d_backward, global_avg_pool,
-    global_avg_pool_backward, max_pool2d, max_pool2d_backward, max_pool2d_backward_as,
-    max_pool2d_dropout, max_pool2d_dropout_backward,
+    global_avg_pool_backward, max_pool2d, max_pool2d_as, max_pool2d_backward,
+    max_pool2d_backward_as, max_pool2d_dropout, max_pool2d_dropout_backward,
 };
 use aether::{AetherError, DType, Device, Tensor};
 use common::{Rng, f32_bits};
@@ -862,6 +862,62 @@ test_device!(
                 }
                 (_, other) => panic!("f16 dx of {dims:?} {p:?}: {other:?}"),
             }
+        }
+    }
+);
+
+test_device!(
+    max_pool_f16_output_is_the_f32_one_rounded,
+    |device: &Device| {
+        // For a conv after the pool: y as f16 against the f32 y clipped and
+        // rounded, bit for bit, and the same argmax; tiling and overlapping
+        // windows, padding, maps that straddle workgroups, NaNs and values
+        // past f16's range.
+        let mut rng = Rng::fresh();
+        let cases = [
+            ([3, 7, 5, 8], PoolParams::new(2, 2, Padding::Valid)),
+            ([2, 9, 9, 12], PoolParams::new(3, 2, Padding::Same)),
+            ([40, 4, 4, 4], PoolParams::new(2, 2, Padding::Valid)),
+        ];
+        for (dims, p) in cases {
+            let len = numel(dims);
+            let mut data: Vec<f32> = rng
+                .vec(len)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * [1.0, 1e5, 3.0][i % 3])
+                .collect();
+            for i in (0..len).step_by(89) {
+                data[i] = f32::NAN;
+            }
+            let x = Tensor::from_f32(dims.to_vec(), data, device).unwrap();
+            let what = format!("{dims:?} {p:?} (seed {})", rng.seed);
+            let (y32, argmax32) = max_pool2d_as(&x, &p, DType::F32).unwrap();
+            let (y16, argmax16) = max_pool2d_as(&x, &p, DType::F16).unwrap();
+            assert_eq!(y16.dtype(), DType::F16, "{what}");
+            let want = aether::conv::cast_f16(&y32, true).unwrap();
+            assert_eq!(value_bits(&y16), value_bits(&want), "y of {what}");
+            assert_eq!(
+                argmax16.to_vec_u32().unwrap(),
+                argmax32.to_vec_u32().unwrap(),
+                "argmax of {what}"
+            );
+            let wide = y16.to_vec_f32().unwrap();
+            assert!(
+                wide.iter().any(|v| v.abs() == 65504.0),
+                "nothing saturated: {what}"
+            );
+        }
+        // Six channels: a typed error on the GPU, which writes four at a time.
+        let x = Tensor::from_f32(vec![1, 4, 4, 6], rng.vec(96), device).unwrap();
+        let p = PoolParams::new(2, 2, Padding::Valid);
+        match (device.gpu_context(), max_pool2d_as(&x, &p, DType::F16)) {
+            (None, Ok((y, _))) => assert_eq!(y.dtype(), DType::F16),
+            (Some(_), Err(AetherError::InvalidShape { op, reason, .. })) => {
+                assert_eq!(op, "max_pool2d");
+                assert!(reason.contains("fours"), "{reason}");
+            }
+            (_, other) => panic!("f16 output over 6 channels: {other:?}"),
         }
     }
 );

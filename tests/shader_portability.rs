@@ -145,10 +145,12 @@ fn run_models(device: &Device, on: bool, rng: &mut Rng) {
     // A conv whose output a 2x2 max pool (with a spatial dropout folded in
     // or not) or an activation reads: that layer writes the conv's gradient
     // as f16, flagging its saturation where a loss scaler asks (not without
-    // scaling).
+    // scaling), and the pool writes the next conv's input as f16.
     let after_conv: [fn(&mut Model); 6] = [
+        // The pool's output feeds a conv too: it writes it as f16.
         |m| {
-            m.add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid));
+            m.add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid))
+                .add(Conv2d::new(8, (3, 3), Padding::Same));
         },
         |m| {
             m.add(MaxPool2d::new((2, 2), (2, 2), Padding::Valid))
@@ -568,6 +570,7 @@ fn every_kernel_translates_for_vulkan_metal_and_dx12() {
         "pool_max_backward_tiled_f16_flag",
         "pool_max_backward_tiled_dropout_f16",
         "pool_max_backward_tiled_dropout_f16_flag",
+        "pool_max_forward_f16",
         "relu_backward_f16",
         "relu_backward_f16_flag",
         "leaky_relu_backward_f16",

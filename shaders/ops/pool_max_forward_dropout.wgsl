@@ -9,7 +9,7 @@
 // pixel, loading and storing 16 bytes at a time (window_max4, entry 69):
 // `main_dropout4` writes y as f32; `main_dropout_f16` as f16 (f16_bits.wgsl,
 // bit-exact with half of the f32 product) for a conv after it that rounds its
-// input anyway.
+// input anyway; `main_f16` likewise without a dropout (no masks, no barrier).
 // All find their windows' maxima between drawing the masks and the barrier
 // after it: the other invocations' loads are in flight while the few that draw
 // run Philox (docs/lab/perf-notes.md, entry 69).
@@ -122,4 +122,16 @@ fn main_dropout_f16(
     let h = f16_bits4(clip_f16_range4(masked4(m)));
     y_f16[m.lane.o / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
     argmax4[m.lane.o / 4u] = m.best[1];
+}
+
+@compute @workgroup_size(256)
+fn main_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let o = 4u * (gid.x + gid.y * params.row_stride);
+    if (o >= params.len) {
+        return;
+    }
+    let best = window_max4(o);
+    let h = f16_bits4(clip_f16_range4(best[0]));
+    y_f16[o / 4u] = vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
+    argmax4[o / 4u] = best[1];
 }

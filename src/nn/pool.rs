@@ -8,7 +8,7 @@ use crate::error::{AetherError, Result};
 use crate::ops::DxStorage;
 use crate::ops::pool::{
     PoolDropout, PoolParams, avg_pool2d, avg_pool2d_backward, global_avg_pool,
-    global_avg_pool_backward, max_pool2d, max_pool2d_backward_into, max_pool2d_dropout,
+    global_avg_pool_backward, max_pool2d_as, max_pool2d_backward_into, max_pool2d_dropout,
     pooled_dims, windows_tile,
 };
 use crate::tensor::{DType, Tensor};
@@ -42,7 +42,8 @@ pub struct MaxPool2d {
     dropout: Option<(f32, u64)>,
     /// The folded dropout's draws in the last training forward, for backward.
     step_dropout: Option<PoolDropout>,
-    /// How a training forward with a folded dropout stores `y`.
+    /// How the forward stores `y`: F16 where the next layer rounds its input
+    /// to f16 (see `Layer::output_rounded_to_f16`).
     output: DType,
     /// The input gradient's dtype: F16 where the conv before rounds its
     /// output gradient to f16 (see `Layer::input_grad_rounded_to_f16`).
@@ -101,10 +102,9 @@ impl Layer for MaxPool2d {
         fits
     }
 
-    /// With a folded dropout, a training forward writes f16 for channels in
-    /// fours (evaluation, with no dropout, writes f32).
+    /// For channels in fours (the kernels write four at a time).
     fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
-        let f16 = self.dropout.is_some() && rounded && self.input[2].is_multiple_of(4);
+        let f16 = rounded && self.input[2].is_multiple_of(4);
         self.output = if f16 { DType::F16 } else { DType::F32 };
         f16
     }
@@ -124,7 +124,7 @@ impl Layer for MaxPool2d {
         };
         let (y, argmax) = match &self.step_dropout {
             Some(dropout) => max_pool2d_dropout(x, &self.params, dropout, self.output)?,
-            None => max_pool2d(x, &self.params)?,
+            None => max_pool2d_as(x, &self.params, self.output)?,
         };
         if train.is_some() {
             self.input_dims = Some(x.shape().nhwc("pooling input")?);

@@ -518,6 +518,52 @@ pub fn max_pool2d(x: &Tensor, p: &PoolParams) -> Result<(Tensor, Tensor)> {
     Ok((y, argmax))
 }
 
+/// [`max_pool2d`] with `y` stored as `output`: F32, or F16 for a consumer that
+/// rounds its input to f16 anyway (a conv with f16 kernels: saturated at
+/// +-65504 and rounded as `half::f16::from_f32`, NaN kept, the values it
+/// would have rounded to). On the GPU F16 needs channels in fours.
+pub fn max_pool2d_as(x: &Tensor, p: &PoolParams, output: DType) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "max_pool2d";
+    match output {
+        DType::F32 => return max_pool2d(x, p),
+        DType::F16 => {}
+        other => {
+            return Err(AetherError::InvalidShape {
+                op: OP,
+                shape: x.dims().to_vec(),
+                reason: format!("output {other:?}: F32 or F16"),
+            });
+        }
+    }
+    require_f32(OP, x)?;
+    let g = PoolGeometry::new(OP, x.shape().nhwc(OP)?, p)?;
+    if x.host_f32().is_some() {
+        let (y, argmax) = max_pool2d(x, p)?;
+        return Ok((cast_f16(&y, true)?, argmax));
+    }
+    if !g.c.is_multiple_of(4) {
+        return Err(AetherError::InvalidShape {
+            op: OP,
+            shape: x.dims().to_vec(),
+            reason: format!("F16 output needs channels in fours, got {}", g.c),
+        });
+    }
+    let ctx = gpu_context(x);
+    g.check_loops(OP, ctx)?;
+    let y = Tensor::uninit_gpu(ctx, Shape::new(g.output_dims())?, DType::F16)?;
+    let argmax = Tensor::uninit_gpu(ctx, Shape::new(g.output_dims())?, DType::U32)?;
+    launch_entry(
+        ctx,
+        ("pool_max_forward_f16", "main_f16"),
+        "pool_max_forward",
+        MAX_FORWARD_DROPOUT,
+        &[gpu_buffer(x), gpu_buffer(&y), gpu_buffer(&argmax)],
+        g.output_len() / 4,
+        |row_stride| g.params(g.output_len(), row_stride).to_vec(),
+    )?;
+    Ok((y, argmax))
+}
+
 /// Gradient of [`max_pool2d`] with respect to its input of shape `input_dims`:
 /// each input element gathers the `dy` of every covering window whose `argmax`
 /// is that element, summed in (oh, ow) order.
