@@ -537,11 +537,13 @@ impl Model {
     }
 
     /// Whether an activation right after a layer that can take it over runs
-    /// inside that layer: ReLU, GELU or SiLU after a BatchNorm, ReLU after a
-    /// residual `Add`. One pass over the activations fewer each way, and no
-    /// copy of them kept for the backward; the same formulas in the same
-    /// order (bit-identical on the CPU, and for ReLU anywhere). On by
-    /// default; takes effect at `finalize`.
+    /// inside that layer: ReLU, LeakyReLU, GELU or SiLU after a BatchNorm,
+    /// ReLU after a residual `Add`. One pass over the activations fewer each
+    /// way, and no copy of them kept for the backward (a BatchNorm recomputes
+    /// the activation's input from its own); the same formulas in the same
+    /// order (bit-identical on the CPU and on lavapipe; a GPU compiler that
+    /// contracts the recomputation into fused multiply-adds differently may
+    /// differ in the last bits). On by default; takes effect at `finalize`.
     pub fn fuse_activations(mut self, fuse: bool) -> Self {
         self.fuse_activations = fuse;
         self
@@ -564,11 +566,9 @@ impl Model {
     /// whether a layer whose input gradient the layer before
     /// rounds to f16 anyway (such a conv again, clipping to +-65504) returns
     /// it that way (BatchNorm; a MaxPool2d whose windows tile its input, over
-    /// channels in fours; ReLU, LeakyReLU, GELU and SiLU): bit-identical operands for the conv in half the bytes, and
-    /// no casts of its own. The one difference: the fused ReLU's gradient is
-    /// gated by the stored value, so a positive output below f16's smallest
-    /// subnormal (2^-25), which the conv saw as 0, passes none. On by default;
-    /// takes effect at `finalize` and `to`.
+    /// channels in fours; ReLU, LeakyReLU, GELU and SiLU): bit-identical
+    /// operands for the conv in half the bytes, and no casts of its own. On by
+    /// default; takes effect at `finalize` and `to`.
     pub fn f16_activations(mut self, on: bool) -> Self {
         self.f16_activations = on;
         self

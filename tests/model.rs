@@ -796,11 +796,11 @@ test_device!(
 );
 
 test_device!(
-    fused_gelu_and_silu_train_as_separate_layers,
+    fused_gelu_silu_and_leaky_relu_train_as_separate_layers,
     |device: &Device| {
-        // A GELU and a SiLU, each the sole reader of a BatchNorm, fold into it
-        // (the SiLU's BatchNorm 4 channels a lane, the GELU's one): three
-        // steps, then predictions. The CPU runs the layers' own ops, bit for
+        // A GELU, a SiLU and a leaky ReLU, each the sole reader of a
+        // BatchNorm, fold into it (the GELU's BatchNorm one channel a lane,
+        // the others four): three steps, then predictions. The CPU runs the layers' own ops, bit for
         // bit; a GPU compiler may contract the recomputed normalized value
         // differently in two kernels, so there the bound is 1e-5 relative.
         let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
@@ -814,10 +814,13 @@ test_device!(
                 .add(Conv2d::new(12, (3, 3), Padding::Same))
                 .add(BatchNorm::new(0.9, 1e-5))
                 .add(SiLU::default())
+                .add(Conv2d::new(8, (3, 3), Padding::Same))
+                .add(BatchNorm::new(0.9, 1e-5))
+                .add(LeakyReLU::new(0.2))
                 .add(GlobalAvgPool::default())
                 .add(Dense::new(10));
             let mut model = common::ready_model(model, device, &[SIDE, SIDE, 3]);
-            let expected = if fuse { vec![2, 6] } else { vec![] };
+            let expected = if fuse { vec![2, 6, 9] } else { vec![] };
             assert_eq!(
                 model.fused_activations(),
                 expected,

@@ -8,11 +8,10 @@ mod common;
 
 use aether::conv::cast_f16;
 use aether::ops::activation::{
-    Activation, Smooth, relu_backward, smooth_activation, smooth_activation_as,
-    smooth_activation_backward,
+    Activation, Smooth, activation_as, activation_backward_as, relu_backward,
 };
 use aether::ops::batchnorm::{
-    ActivationGrad, BatchNormStats, CHUNK_ROWS, NormOutput, RunningStats, batch_norm_backward,
+    BatchNormStats, CHUNK_ROWS, FusedGrad, NormOutput, RunningStats, batch_norm_backward,
     batch_norm_backward_as, batch_norm_inference, batch_norm_inference_as,
     batch_norm_relu_backward, batch_norm_relu_inference, batch_norm_relu_train, batch_norm_train,
     batch_norm_train_as, batch_norm_train_running, update_running_stats,
@@ -361,7 +360,7 @@ test_device!(
             assert!(zeroed > xs.len() / 10, "ReLU had little to do in {ctx}");
             assert_eq!(bits(&fused_stats.mean), bits(&stats.mean), "mean of {ctx}");
 
-            let fused = batch_norm_relu_backward(&dy, &fused_y, &x, &gamma, &fused_stats).unwrap();
+            let fused = batch_norm_relu_backward(&dy, &x, &gamma, &beta, &fused_stats).unwrap();
             let gated = relu_backward(&pre, &dy).unwrap();
             let separate = batch_norm_backward(&gated, &x, &gamma, &stats).unwrap();
             for (name, a, b) in [
@@ -390,15 +389,16 @@ test_device!(
 );
 
 test_device!(
-    fused_gelu_and_silu_compute_what_the_two_ops_compute,
+    fused_gelu_silu_and_leaky_relu_compute_what_the_two_ops_compute,
     |device: &Device| {
-        // The fused smooth activations run their layer's formulas on the
-        // normalized value (the forward) and on that value recomputed from x
-        // (the backward's two passes). On the CPU that is the same code, bit
-        // for bit; a GPU compiler may contract a product and a sum into one
-        // fused multiply-add in one kernel and not in another, so there the
-        // bound is 1e-6 norm-relative: a wrong slope, a missing beta or a
-        // gradient taken at the activation's output is off by 1e-2 or more.
+        // The fused GELU, SiLU and leaky ReLU run their layer's formulas on
+        // the normalized value (the forward) and on that value recomputed
+        // from x (the backward's two passes). On the CPU that is the same
+        // code, bit for bit; a GPU compiler may contract a product and a sum
+        // into one fused multiply-add in one kernel and not in another, so
+        // there the bound is 1e-6 norm-relative: a wrong slope, a missing
+        // beta or a gradient taken at the activation's output is off by 1e-2
+        // or more.
         let mut rng = Rng::fresh();
         let exact = device.gpu_context().is_none();
         let check = |got: &Tensor, want: &Tensor, what: &str| {
@@ -413,8 +413,13 @@ test_device!(
         };
         // One value a lane, four a lane, and four spanning two channel tiles.
         let shapes = [&[7usize, 13][..], &[2, 19, 17, 8], &[3, 9, 11, 40]];
-        for kind in [Smooth::Gelu, Smooth::Silu] {
-            let activation = Some(Activation::Smooth(kind));
+        let activations = [
+            Activation::Smooth(Smooth::Gelu),
+            Activation::Smooth(Smooth::Silu),
+            Activation::LeakyRelu(0.1 + rng.uniform().abs()),
+        ];
+        for kind in activations {
+            let activation = Some(kind);
             for dims in shapes {
                 let [(x, _), (gamma, _), (beta, _)] = random_inputs(&mut rng, dims, device);
                 let len = x.numel();
@@ -424,28 +429,31 @@ test_device!(
                 let out = NormOutput::f32(activation);
                 let (y, stats) = batch_norm_train_as(&x, &gamma, &beta, EPS, out).unwrap();
                 let (pre, _) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
-                check(
-                    &y,
-                    &smooth_activation(&pre, kind).unwrap(),
-                    &format!("y of {ctx}"),
-                );
+                let want_y = activation_as(&pre, kind, DType::F32).unwrap();
+                check(&y, &want_y, &format!("y of {ctx}"));
 
-                let through = Some(ActivationGrad::Smooth(kind, &beta));
+                let through = Some(FusedGrad {
+                    activation: kind,
+                    beta: &beta,
+                });
                 let fused =
                     batch_norm_backward_as(&dy, &x, &gamma, &stats, through, DType::F32).unwrap();
-                let slope_taken = smooth_activation_backward(&pre, &dy, kind).unwrap();
+                let slope_taken = activation_backward_as(&pre, &dy, kind, DType::F32).unwrap();
                 let separate = batch_norm_backward(&slope_taken, &x, &gamma, &stats).unwrap();
                 check(&fused.0, &separate.0, &format!("dx of {ctx}"));
                 check(&fused.1, &separate.1, &format!("dgamma of {ctx}"));
                 check(&fused.2, &separate.2, &format!("dbeta of {ctx}"));
-                // Taking the slope at the output instead of the input shows.
-                let at_output = smooth_activation_backward(&y, &dy, kind).unwrap();
-                let wrong = batch_norm_backward(&at_output, &x, &gamma, &stats).unwrap();
-                let err = norm_relative(&values(&wrong.0), &wide(&values(&separate.0)));
-                assert!(
-                    err > 1e-3,
-                    "the slope's argument does not show in {ctx}: {err:e}"
-                );
+                // Taking a smooth slope at the output instead of the input
+                // shows.
+                if let Activation::Smooth(_) = kind {
+                    let at_output = activation_backward_as(&y, &dy, kind, DType::F32).unwrap();
+                    let wrong = batch_norm_backward(&at_output, &x, &gamma, &stats).unwrap();
+                    let err = norm_relative(&values(&wrong.0), &wide(&values(&separate.0)));
+                    assert!(
+                        err > 1e-3,
+                        "the slope's argument does not show in {ctx}: {err:e}"
+                    );
+                }
 
                 if dims[dims.len() - 1] % 4 != 0 {
                     continue;
@@ -456,7 +464,7 @@ test_device!(
                     dtype: DType::F16,
                 };
                 let (y16, _) = batch_norm_train_as(&x, &gamma, &beta, EPS, half).unwrap();
-                let want = smooth_activation_as(&pre, kind, DType::F16).unwrap();
+                let want = activation_as(&pre, kind, DType::F16).unwrap();
                 let (got16, want16) = (halves(&y16), halves(&want));
                 if exact {
                     assert_eq!(got16, want16, "f16 y of {ctx}");
@@ -475,7 +483,7 @@ test_device!(
                 let (rm, rv) = (&running_mean, &running_var);
                 let fused = batch_norm_inference_as(&x, &gamma, &beta, rm, rv, EPS, out).unwrap();
                 let plain = batch_norm_inference(&x, &gamma, &beta, rm, rv, EPS).unwrap();
-                let want = smooth_activation(&plain, kind).unwrap();
+                let want = activation_as(&plain, kind, DType::F32).unwrap();
                 check(&fused, &want, &format!("inference y of {ctx}"));
             }
         }
@@ -747,7 +755,7 @@ fn same<T: PartialEq + std::fmt::Debug>(got: &[T], want: &[T], what: &str) {
 }
 
 test_device!(
-    f16_outputs_and_dx_are_the_f32_ones_rounded_and_gate_as_stored,
+    f16_outputs_and_dx_are_the_f32_ones_rounded,
     |device: &Device| {
         let mut rng = Rng::fresh();
         let rounded = |t: &Tensor| -> Vec<u16> {
@@ -776,8 +784,8 @@ test_device!(
             let [(_, mut xs), (_, mut gs), (_, mut bs)] = random_inputs(&mut rng, dims, device);
             let channels = channels_of(dims);
             // Channel 0 overflows f16 (to inf), channel 1 lands in its subnormals
-            // and below (positive values that round to +0, which then gate the
-            // gradient out), channel 2 carries a NaN to y.
+            // and below (positive values that round to +0, whose gradient
+            // still passes ReLU), channel 2 carries a NaN to y.
             (gs[0], gs[1], bs[1]) = (1e6, 3e-8, 0.0);
             xs[2] = f32::NAN;
             let x = Tensor::from_f32(dims.to_vec(), xs.clone(), device).unwrap();
@@ -853,15 +861,21 @@ test_device!(
                     &format!("inference y of {ctx}"),
                 );
 
-                // The gate is the stored f16: ReLU's gradient of y16 as f32.
+                // ReLU's gradient is taken at the f32 normalized value, as
+                // the separate ReLU takes it at its input, whatever the
+                // stored output rounded to (positive values flushed to +0
+                // pass).
                 let gated = if relu {
-                    let y16_f32 = Tensor::from_f32(dims.to_vec(), y16_wide, device).unwrap();
-                    relu_backward(&y16_f32, &dy).unwrap()
+                    let (pre, _) = batch_norm_train(&x, &gamma, &beta, EPS).unwrap();
+                    relu_backward(&pre, &dy).unwrap()
                 } else {
                     dy.clone()
                 };
                 let want = batch_norm_backward(&gated, &x, &gamma, &stats).unwrap();
-                let gate = relu.then_some(ActivationGrad::Relu(&y16));
+                let gate = relu.then_some(FusedGrad {
+                    activation: Activation::Relu,
+                    beta: &beta,
+                });
                 let backward = |dx| batch_norm_backward_as(&dy, &x, &gamma, &stats, gate, dx);
                 let got = backward(DType::F32).unwrap();
                 for (name, a, b) in [

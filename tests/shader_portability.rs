@@ -427,10 +427,7 @@ fn translate_all(shaders: &[BuiltShader]) -> Vec<String> {
 /// Kernels used only where the device binds more storage buffers a stage than
 /// the least device (BatchNorm's dx flagging f16 saturation: 10; elsewhere a
 /// check kernel of its own runs).
-const PLANNED_BY_STORAGE_BUFFERS: &[&str] = &[
-    "batchnorm_backward_dx_flag",
-    "batchnorm_backward_dx_smooth_flag",
-];
+const PLANNED_BY_STORAGE_BUFFERS: &[&str] = &["batchnorm_backward_dx_flag"];
 
 /// Where kernels ask more of a limit than [`REQUIRED_LIMITS`] (each naming
 /// the kernel and the limit), and the most any kernel asks of each limit with
@@ -562,8 +559,6 @@ fn every_kernel_translates_for_vulkan_metal_and_dx12() {
     );
     for kernel in [
         "loss_scale_saturation",
-        "batchnorm_backward_dx_smooth",
-        "batchnorm_backward_dx_smooth_flag",
         "gelu",
         "silu",
         "pool_max_backward_tiled_f16",

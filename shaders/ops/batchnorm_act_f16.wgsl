@@ -1,8 +1,8 @@
-// Activations (normalize's output, the fused ReLU's output the backward gates
-// by) stored as f16, for a consumer that rounds its input to f16 anyway (a conv
-// with f16 kernels): four lanes (batchnorm_lanes4.wgsl) in 8 bytes, element 2i
-// in the low half of word i, rounded bit-exactly as half::f16::from_f32
-// (f16_bits.wgsl), so the consumer sees the values it would have rounded to.
+// normalize's output stored as f16, for a consumer that rounds its input to
+// f16 anyway (a conv with f16 kernels): four lanes (batchnorm_lanes4.wgsl) in
+// 8 bytes, element 2i in the low half of word i, rounded bit-exactly as
+// half::f16::from_f32 (f16_bits.wgsl), so the consumer sees the values it
+// would have rounded to.
 
 alias ActBits = vec2<u32>;
 
@@ -11,10 +11,3 @@ fn act_bits(v: Lanes) -> ActBits {
     return vec2(h.x | (h.y << 16u), h.z | (h.w << 16u));
 }
 
-// ReLU's gradient passes where the stored f16 is > 0: sign clear, not zero,
-// not NaN (relu_bits.wgsl's test on the f16 layout). A positive f32 that
-// rounded to +0 does not pass: the consumer saw 0 there.
-fn act_passes(b: ActBits) -> LaneMask {
-    let h = vec4(b.x & 0xffffu, b.x >> 16u, b.y & 0xffffu, b.y >> 16u);
-    return h != vec4(0u) & h <= vec4(0x7c00u);
-}

@@ -2,17 +2,19 @@
 // dx = gamma * inv_std * (g - sum(g) / count - xhat * sum(g * xhat) / count),
 // the standard formula gamma * inv_std / count * (count * g - ...) rearranged;
 // a `Lanes` of values per invocation (batchnorm_lanes*.wgsl; `len` and
-// `channels` count lanes). g is dy taken through the fused activation as
-// batchnorm_dx_through_*.wgsl says, which also binds binding 1. `dx` is stored
-// as batchnorm_grad_*.wgsl says (f32, or clipped f16 for a conv before that
+// `channels` count lanes). g is dy taken through the fused activation
+// (batchnorm_activation.wgsl) at the normalized value xhat * gamma + beta, as
+// normalize computed it; without one beta is not read. `dx` is stored as
+// batchnorm_grad_*.wgsl says (f32, or clipped f16 for a conv before that
 // rounds its gradient to f16), and its saturation flagged as
 // batchnorm_grad_flag.wgsl says where the model asks.
 
 @group(0) @binding(0) var<storage, read> dy: array<Lanes>;
-@group(0) @binding(2) var<storage, read> x: array<Lanes>;
-@group(0) @binding(3) var<storage, read> mean: array<Lanes>;
-@group(0) @binding(4) var<storage, read> inv_std: array<Lanes>;
-@group(0) @binding(5) var<storage, read> gamma: array<Lanes>;
+@group(0) @binding(1) var<storage, read> x: array<Lanes>;
+@group(0) @binding(2) var<storage, read> mean: array<Lanes>;
+@group(0) @binding(3) var<storage, read> inv_std: array<Lanes>;
+@group(0) @binding(4) var<storage, read> gamma: array<Lanes>;
+@group(0) @binding(5) var<storage, read> beta: array<Lanes>;
 @group(0) @binding(6) var<storage, read> sum_dy: array<Lanes>;
 @group(0) @binding(7) var<storage, read> sum_dy_xhat: array<Lanes>;
 @group(0) @binding(8) var<storage, read_write> dx: array<GradBits>;
@@ -23,6 +25,7 @@ struct Params {
     count: u32,
     row_stride: u32,
     activation: u32,
+    alpha: f32,
 }
 // `params` is bound by batchnorm_grad_flag.wgsl or batchnorm_grad_unflagged.wgsl.
 
@@ -36,7 +39,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let count = f32(params.count);
     let s = inv_std[c];
     let xhat = (x[i] - mean[c]) * s;
-    let g = through_activation(dy[i], i, c, xhat);
+    var g = dy[i];
+    if (params.activation != ACTIVATION_NONE) {
+        g = activation_grad(g, xhat * gamma[c] + beta[c], params.activation, params.alpha);
+    }
     let bits = grad_bits(gamma[c] * s * (g - sum_dy[c] / count - xhat * (sum_dy_xhat[c] / count)));
     dx[i] = bits;
     flag_saturation(bits);

@@ -1,22 +1,18 @@
 // Batch norm backward, pass 1: per chunk of rows, the per-channel partials of
 // sum(g) (-> dbeta) and sum(g * xhat) (-> dgamma), xhat = (x - mean) * inv_std,
 // a `Lanes` of channels per invocation. g is dy taken through the fused
-// activation params.activation (batchnorm_activation.wgsl): with ReLU, dy
-// where its output `relu_y` passes; with GELU or SiLU, dy times the slope at
-// normalize's output, recomputed from x as normalize computes it. Bindings a
-// kernel does not read are bound to ones it does (relu_y to dy; gamma and
-// beta to gamma without a smooth activation).
+// activation (batchnorm_activation.wgsl) at the normalized value xhat * gamma
+// + beta, as normalize computed it; without one gamma and beta are not read.
 
 @group(0) @binding(0) var<storage, read> dy: array<Lanes>;
-@group(0) @binding(1) var<storage, read> relu_y: array<ActBits>;
-@group(0) @binding(2) var<storage, read> x: array<Lanes>;
-@group(0) @binding(3) var<storage, read> mean: array<Lanes>;
-@group(0) @binding(4) var<storage, read> inv_std: array<Lanes>;
-@group(0) @binding(5) var<storage, read> gamma: array<Lanes>;
-@group(0) @binding(6) var<storage, read> beta: array<Lanes>;
-@group(0) @binding(7) var<storage, read_write> partial_dy: array<Lanes>;
-@group(0) @binding(8) var<storage, read_write> partial_dy_xhat: array<Lanes>;
-@group(0) @binding(9) var<uniform> params: ReduceParams;
+@group(0) @binding(1) var<storage, read> x: array<Lanes>;
+@group(0) @binding(2) var<storage, read> mean: array<Lanes>;
+@group(0) @binding(3) var<storage, read> inv_std: array<Lanes>;
+@group(0) @binding(4) var<storage, read> gamma: array<Lanes>;
+@group(0) @binding(5) var<storage, read> beta: array<Lanes>;
+@group(0) @binding(6) var<storage, read_write> partial_dy: array<Lanes>;
+@group(0) @binding(7) var<storage, read_write> partial_dy_xhat: array<Lanes>;
+@group(0) @binding(8) var<uniform> params: ReduceParams;
 
 @compute @workgroup_size(TILE_LANES, ROW_LANES)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -35,14 +31,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
             let i = row * params.channels + lane.channel;
             let xhat = (x[i] - m) * s;
             var g = dy[i];
-            switch params.activation {
-                case ACTIVATION_RELU: {
-                    g = select(Lanes(0.0), g, act_passes(relu_y[i]));
-                }
-                case ACTIVATION_GELU, ACTIVATION_SILU: {
-                    g *= smooth_slope_lanes(xhat * scale + shift, params.activation);
-                }
-                default: {}
+            if (params.activation != ACTIVATION_NONE) {
+                g = activation_grad(g, xhat * scale + shift, params.activation, params.alpha);
             }
             sums = SumPair(sums.a + g, sums.b + g * xhat);
         }

@@ -3,9 +3,8 @@
 // `len` and `channels` count lanes). `spread` holds inv_std (training) or, with
 // spread_is_variance = 1, the running variance (inference), turned into
 // 1 / sqrt(var + eps) here. The result goes through the fused activation
-// `activation` (batchnorm_activation.wgsl): ReLU decided on the bits as
-// relu.wgsl does (negative non-zero numbers become +0, NaN and -0.0 pass
-// through), GELU or SiLU by their layers' formulas. `y` is stored as
+// (batchnorm_activation.wgsl: ReLU decided on the bits as relu.wgsl does,
+// leaky ReLU, GELU or SiLU by their layers' formulas). `y` is stored as
 // batchnorm_act_*.wgsl says (f32, or f16 for a consumer that rounds to it).
 
 @group(0) @binding(0) var<storage, read> x: array<Lanes>;
@@ -22,6 +21,7 @@ struct Params {
     spread_is_variance: u32,
     eps: f32,
     activation: u32,
+    alpha: f32,
 }
 @group(0) @binding(6) var<uniform> params: Params;
 
@@ -37,5 +37,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         inv_std = Lanes(1.0) / sqrt(inv_std + Lanes(params.eps));
     }
     let v = (x[i] - mean[c]) * inv_std * gamma[c] + beta[c];
-    y[i] = act_bits(activate(v, params.activation));
+    y[i] = act_bits(activate(v, params.activation, params.alpha));
 }

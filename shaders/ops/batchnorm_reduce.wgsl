@@ -24,9 +24,10 @@ struct ReduceParams {
     channel_tiles: u32,
     groups: u32,
     group_stride: u32,
-    // The fused activation the backward sums take the gradient through
-    // (batchnorm_activation.wgsl); 0 elsewhere.
+    // The fused activation the backward sums take the gradient through, and
+    // leaky ReLU's slope (batchnorm_activation.wgsl); 0 elsewhere.
     activation: u32,
+    alpha: f32,
 }
 
 // Two sums per invocation: the backward pass needs sum(dy) and sum(dy * xhat) at once.

@@ -7,9 +7,9 @@ use crate::error::{AetherError, Result};
 use crate::ops::DxStorage;
 use crate::ops::activation::Activation;
 use crate::ops::batchnorm::{
-    ActivationGrad, BatchNormStats, NormOutput, RunningStats, backward_into,
-    batch_norm_inference_as, batch_norm_train_running, check_epsilon, check_momentum,
-    flags_dx_saturation, gated_running_stats,
+    BatchNormStats, FusedGrad, NormOutput, RunningStats, backward_into, batch_norm_inference_as,
+    batch_norm_train_running, check_epsilon, check_momentum, flags_dx_saturation,
+    gated_running_stats,
 };
 use crate::tensor::{DType, Tensor};
 
@@ -35,9 +35,9 @@ pub struct BatchNorm {
     /// The input gradient's dtype: F16 where the layer before rounds its
     /// output gradient to f16 (see `Layer::input_grad_rounded_to_f16`).
     input_grad: DType,
-    /// Input, batch statistics and, with a fused ReLU, the output it gates by
-    /// (a fused GELU or SiLU recomputes its input from the others).
-    cache: Option<(Tensor, BatchNormStats, Option<Tensor>)>,
+    /// Input and batch statistics (a fused activation's backward recomputes
+    /// its input from them, gamma and beta).
+    cache: Option<(Tensor, BatchNormStats)>,
     grads: Option<(Tensor, Tensor)>,
     /// The running statistics the last training forward proposed, kept at
     /// `commit_step` only where the step was finite.
@@ -174,8 +174,7 @@ impl Layer for BatchNorm {
         let (y, stats, (mean, var)) =
             batch_norm_train_running(x, &s.gamma, &s.beta, eps, out, running)?;
         self.staged = Some((mean, var));
-        let relu_y = (self.activation == Some(Activation::Relu)).then(|| y.clone());
-        self.cache = Some((x.clone(), stats, relu_y));
+        self.cache = Some((x.clone(), stats));
         Ok(y)
     }
 
@@ -224,33 +223,29 @@ impl Layer for BatchNorm {
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
         let flag = self.saturation_flag.take();
-        let Some((x, stats, relu_y)) = self.cache.as_ref() else {
+        let Some((x, stats)) = self.cache.as_ref() else {
             return cached(&None, "BatchNorm::backward").map(|_| None);
         };
         let state = self.state()?;
-        let through = match (self.activation, relu_y) {
-            (Some(Activation::Smooth(kind)), _) => Some(ActivationGrad::Smooth(kind, &state.beta)),
-            (_, Some(y)) => Some(ActivationGrad::Relu(y)),
-            (_, None) => None,
-        };
+        let fused = self.activation.map(|activation| FusedGrad {
+            activation,
+            beta: &state.beta,
+        });
         let outputs = self.grad_outputs.as_ref();
         let dx_out = DxStorage {
             dtype: self.input_grad,
             saturation_flag: flag.as_ref(),
         };
         let (dx, dgamma, dbeta) =
-            backward_into(dy, x, &state.gamma, stats, through, outputs, dx_out)?;
+            backward_into(dy, x, &state.gamma, stats, fused, outputs, dx_out)?;
         self.grads = Some((dgamma, dbeta));
         Ok(need_dx.then_some(dx))
     }
 
-    /// ReLU, GELU and SiLU (not leaky ReLU): the normalize pass applies them, and the
-    /// backward's two passes take their gradient (GELU's and SiLU's at the
-    /// normalized value, recomputed from the input it keeps anyway).
+    /// ReLU, leaky ReLU, GELU and SiLU: the normalize pass applies them, and
+    /// the backward's two passes take their gradient at the normalized
+    /// value, recomputed from the input it keeps anyway.
     fn fuse_activation(&mut self, activation: Activation) -> bool {
-        if matches!(activation, Activation::LeakyRelu(_)) {
-            return false;
-        }
         self.activation = Some(activation);
         true
     }

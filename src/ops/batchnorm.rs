@@ -29,10 +29,7 @@ use crate::device::Device;
 use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
 use crate::ops::DxStorage;
-use crate::ops::activation::{
-    Activation, Smooth, relu_backward, smooth_activation, smooth_activation_backward,
-};
-use crate::ops::relu as relu_op;
+use crate::ops::activation::{Activation, Smooth, activation_as, activation_backward_as};
 use crate::tensor::{DType, Shape, Tensor};
 
 const REDUCE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_reduce.wgsl");
@@ -44,8 +41,6 @@ const SMOOTH_FORMULAS: &str = include_str!("../../shaders/ops/activation_smooth_
 const ACTIVATION_SHADER: &str = include_str!("../../shaders/ops/batchnorm_activation.wgsl");
 const NORMALIZE_SHADER: &str = include_str!("../../shaders/ops/batchnorm_normalize.wgsl");
 const BACKWARD_DX_SHADER: &str = include_str!("../../shaders/ops/batchnorm_backward_dx.wgsl");
-const DX_THROUGH_RELU: &str = include_str!("../../shaders/ops/batchnorm_dx_through_relu.wgsl");
-const DX_THROUGH_SMOOTH: &str = include_str!("../../shaders/ops/batchnorm_dx_through_smooth.wgsl");
 const GRAD_FLAG: &str = include_str!("../../shaders/ops/batchnorm_grad_flag.wgsl");
 const GRAD_UNFLAGGED: &str = include_str!("../../shaders/ops/batchnorm_grad_unflagged.wgsl");
 const F16_BITS: &str = include_str!("../../shaders/common/f16_bits.wgsl");
@@ -98,50 +93,42 @@ impl NormOutput {
     }
 }
 
-/// The number the batch-norm kernels know a fused activation by
-/// (shaders/ops/batchnorm_activation.wgsl); 0 for none, and for leaky ReLU,
-/// which they do not fuse ([`check_fused`] refuses it first).
-fn activation_code(activation: Option<Activation>) -> u32 {
-    match activation {
-        None | Some(Activation::LeakyRelu(_)) => 0,
-        Some(Activation::Relu) => 1,
-        Some(Activation::Smooth(Smooth::Gelu)) => 2,
-        Some(Activation::Smooth(Smooth::Silu)) => 3,
-    }
+/// The kernels' words for a fused activation (shaders/ops/batchnorm_activation.wgsl):
+/// its number (0 for none) and leaky ReLU's slope (0 for the others).
+fn activation_words(activation: Option<Activation>) -> [u32; 2] {
+    let (code, alpha) = match activation {
+        None => (0, 0.0),
+        Some(Activation::Relu) => (1, 0.0),
+        Some(Activation::Smooth(Smooth::Gelu)) => (2, 0.0),
+        Some(Activation::Smooth(Smooth::Silu)) => (3, 0.0),
+        Some(Activation::LeakyRelu(alpha)) => (4, alpha),
+    };
+    [code, f32::to_bits(alpha)]
 }
 
-/// `Ok` for the activations batch norm fuses: ReLU, GELU and SiLU.
-fn check_fused(op: &'static str, x: &Tensor, activation: Option<Activation>) -> Result<()> {
+/// A leaky ReLU's slope must be finite.
+fn check_activation(op: &'static str, x: &Tensor, activation: Option<Activation>) -> Result<()> {
     match activation {
-        Some(Activation::LeakyRelu(alpha)) => Err(AetherError::InvalidShape {
-            op,
-            shape: x.dims().to_vec(),
-            reason: format!("fuses ReLU, GELU or SiLU, not leaky ReLU (alpha {alpha})"),
-        }),
+        Some(Activation::LeakyRelu(alpha)) if !alpha.is_finite() => {
+            Err(AetherError::InvalidShape {
+                op,
+                shape: x.dims().to_vec(),
+                reason: format!("leaky ReLU's alpha must be finite, got {alpha}"),
+            })
+        }
         _ => Ok(()),
     }
 }
 
-/// What a backward takes the gradient through first: the activation its
-/// forward fused ([`NormOutput::activation`]), with what that gradient needs.
+/// The activation a training forward fused ([`NormOutput::activation`]) and
+/// the beta it normalized with: the backward takes the activation's gradient
+/// first, at the normalized value recomputed from `x`, the statistics, gamma
+/// and beta as the forward computed it (nothing of the forward's output is
+/// kept or read), as the activation layer's own backward would at its input.
 #[derive(Clone, Copy, Debug)]
-pub enum ActivationGrad<'a> {
-    /// ReLU's, gated by the output `y` as the forward stored it (f32, or the
-    /// f16 of [`NormOutput`]`{ dtype: F16, .. }`).
-    Relu(&'a Tensor),
-    /// GELU's or SiLU's, at the normalized value recomputed from `x`, the
-    /// statistics, gamma and this `beta` (the layer's, as the forward used
-    /// it), as the forward computed it: nothing of the forward's output is read.
-    Smooth(Smooth, &'a Tensor),
-}
-
-impl ActivationGrad<'_> {
-    fn activation(self) -> Activation {
-        match self {
-            Self::Relu(_) => Activation::Relu,
-            Self::Smooth(kind, _) => Activation::Smooth(kind),
-        }
-    }
+pub struct FusedGrad<'a> {
+    pub activation: Activation,
+    pub beta: &'a Tensor,
 }
 
 /// Training-mode forward: normalizes `x` with its own batch statistics,
@@ -169,9 +156,9 @@ pub fn batch_norm_relu_train(
     train(x, gamma, beta, eps, out, None).map(|(y, stats, _)| (y, stats))
 }
 
-/// [`batch_norm_train`] through `out.activation` (ReLU, GELU or SiLU), its
-/// output stored as `out.dtype`: on the GPU the activation runs in the
-/// normalize kernel, computed by its layer's formula.
+/// [`batch_norm_train`] through `out.activation` (ReLU, leaky ReLU, GELU or
+/// SiLU), its output stored as `out.dtype`: on the GPU the activation runs in
+/// the normalize kernel, computed by its layer's formula.
 pub fn batch_norm_train_as(
     x: &Tensor,
     gamma: &Tensor,
@@ -230,7 +217,7 @@ fn train(
     require_channel_vectors(OP, layout.channels, &[gamma, beta])?;
     same_device(OP, &[x, gamma, beta])?;
     let lanes = Lanes::of(layout).holding(OP, out.dtype, x)?;
-    check_fused(OP, x, out.activation)?;
+    check_activation(OP, x, out.activation)?;
     // The running statistics, checked, with their unbiased-variance scale.
     let running = running
         .map(|r| {
@@ -259,7 +246,7 @@ fn train(
         &[x],
         layout,
         Lanes::of(layout),
-        0,
+        activation_words(None),
     )?;
     let ([mean, inv_std], new) = finalize(
         ctx,
@@ -453,7 +440,7 @@ pub fn batch_norm_inference_as(
     require_channel_vectors(OP, layout.channels, &vectors)?;
     same_device(OP, &[x, gamma, beta, running_mean, running_var])?;
     let lanes = Lanes::of(layout).holding(OP, out.dtype, x)?;
-    check_fused(OP, x, out.activation)?;
+    check_activation(OP, x, out.activation)?;
     if let (Some(xs), Some(g), Some(b), Some(rm), Some(rv)) = (
         x.host_f32(),
         gamma.host_f32(),
@@ -474,9 +461,8 @@ pub fn batch_norm_inference_as(
 fn output_cpu(x: &Tensor, y: Vec<f32>, out: NormOutput) -> Result<Tensor> {
     let y = Tensor::from_f32(x.dims().to_vec(), y, &x.device())?;
     let y = match out.activation {
-        None | Some(Activation::LeakyRelu(_)) => y,
-        Some(Activation::Relu) => relu_op(&y)?,
-        Some(Activation::Smooth(kind)) => smooth_activation(&y, kind)?,
+        None => y,
+        Some(activation) => activation_as(&y, activation, DType::F32)?,
     };
     match out.dtype {
         DType::F16 => cast_f16(&y, true),
@@ -506,43 +492,43 @@ pub fn batch_norm_backward(
     )
 }
 
-/// The backward of [`batch_norm_relu_train`], whose output was `y`: `dy` is
-/// taken where `y > 0` (ReLU's gradient, 0 for NaN) inside the batch-norm
-/// kernels, so no masked copy of `dy` is made. Bit-identical to
-/// `relu_backward` followed by [`batch_norm_backward`]. `y` may be the f16
-/// output of [`NormOutput`]`{ dtype: F16, .. }`, gated as stored.
+/// The backward of [`batch_norm_relu_train`] with the `beta` it was given:
+/// `dy` is taken where the normalized value, recomputed from `x`, is > 0
+/// (ReLU's gradient at its input, 0 for NaN) inside the batch-norm kernels,
+/// so no masked copy of `dy` is made and the output is not read.
+/// Bit-identical to `relu_backward` of the unfused output followed by
+/// [`batch_norm_backward`] where the compiler evaluates the recomputation as
+/// the forward did (the CPU, lavapipe).
 pub fn batch_norm_relu_backward(
     dy: &Tensor,
-    y: &Tensor,
     x: &Tensor,
     gamma: &Tensor,
+    beta: &Tensor,
     stats: &BatchNormStats,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    backward_into(
-        dy,
-        x,
-        gamma,
-        stats,
-        Some(ActivationGrad::Relu(y)),
-        None,
-        DxStorage::plain(DType::F32),
-    )
+    let fused = FusedGrad {
+        activation: Activation::Relu,
+        beta,
+    };
+    let dx = DxStorage::plain(DType::F32);
+    backward_into(dy, x, gamma, stats, Some(fused), None, dx)
 }
 
-/// [`batch_norm_backward`] (through `activation`'s gradient first where
-/// given, as [`batch_norm_relu_backward`]) with dx stored as `dx`: `DType::F16` clips it to +-65504 (NaN kept, +-inf
-/// clamped) and rounds it as `half::f16::from_f32`, exactly as a conv with f16
-/// kernels casts the gradient it is given, for a conv before this layer. On
-/// the GPU that needs a channel count divisible by 4.
+/// [`batch_norm_backward`] (through the fused activation's gradient first
+/// where given, as [`batch_norm_relu_backward`]) with dx stored as `dx`:
+/// `DType::F16` clips it to +-65504 (NaN kept, +-inf clamped) and rounds it
+/// as `half::f16::from_f32`, exactly as a conv with f16 kernels casts the
+/// gradient it is given, for a conv before this layer. On the GPU that needs
+/// a channel count divisible by 4.
 pub fn batch_norm_backward_as(
     dy: &Tensor,
     x: &Tensor,
     gamma: &Tensor,
     stats: &BatchNormStats,
-    activation: Option<ActivationGrad<'_>>,
+    fused: Option<FusedGrad<'_>>,
     dx: DType,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    backward_into(dy, x, gamma, stats, activation, None, DxStorage::plain(dx))
+    backward_into(dy, x, gamma, stats, fused, None, DxStorage::plain(dx))
 }
 
 /// Whether backward dx can flag its f16 saturation on `ctx`: its kernel then
@@ -559,7 +545,7 @@ pub(crate) fn backward_into(
     x: &Tensor,
     gamma: &Tensor,
     stats: &BatchNormStats,
-    activation: Option<ActivationGrad<'_>>,
+    fused: Option<FusedGrad<'_>>,
     outputs: Option<&(Tensor, Tensor)>,
     dx_out: DxStorage<'_>,
 ) -> Result<(Tensor, Tensor, Tensor)> {
@@ -580,34 +566,18 @@ pub(crate) fn backward_into(
         dgamma.expect_output_for("batch_norm_backward dgamma output", &[layout.channels], x)?;
         dbeta.expect_output_for("batch_norm_backward dbeta output", &[layout.channels], x)?;
     }
-    let stored = match activation {
-        Some(ActivationGrad::Relu(y)) => y.dtype(),
-        _ => DType::F32,
-    };
-    let lanes = Lanes::of(layout).holding(OP, stored, x)?;
+    let lanes = Lanes::of(layout);
     let dx_lanes = lanes.with_gradients(OP, dx_dtype, x)?;
-    match activation {
-        Some(ActivationGrad::Relu(y)) => {
-            if y.dims() != x.dims() {
-                return Err(AetherError::ShapeMismatch {
-                    op: OP,
-                    expected: x.dims().to_vec(),
-                    actual: y.dims().to_vec(),
-                });
-            }
-            same_device(OP, &[dy, y])?;
+    if let Some(fused) = fused {
+        require_channel_vectors(OP, layout.channels, &[fused.beta])?;
+        same_device(OP, &[dy, fused.beta])?;
+        check_activation(OP, x, Some(fused.activation))?;
+        if dy.host_f32().is_some() {
+            // The CPU path takes the activation's gradient first, by the
+            // activation layer's own op, then the plain backward.
+            let through = activation_grad_cpu(fused, dy, x, gamma, stats)?;
+            return backward_into(&through, x, gamma, stats, None, None, dx_out);
         }
-        Some(ActivationGrad::Smooth(_, beta)) => {
-            require_channel_vectors(OP, layout.channels, &[beta])?;
-            same_device(OP, &[dy, beta])?;
-        }
-        None => {}
-    }
-    if let (Some(activation), Some(_)) = (activation, dy.host_f32()) {
-        // The CPU path takes the activation's gradient first, by the
-        // activation layer's own op, then the plain backward.
-        let through = activation_grad_cpu(activation, dy, x, gamma, stats)?;
-        return backward_into(&through, x, gamma, stats, None, None, dx_out);
     }
     if let (Some(dys), Some(xs), Some(g), Some(mean), Some(inv_std)) = (
         dy.host_f32(),
@@ -642,39 +612,25 @@ pub(crate) fn backward_into(
             });
         }
     }
-    let code = activation_code(activation.map(ActivationGrad::activation));
-    // Bindings a kernel does not read are bound to ones it does: ReLU's
-    // output to dy, beta to gamma.
-    let (relu_y, beta) = match activation {
-        Some(ActivationGrad::Relu(y)) => (y, gamma),
-        Some(ActivationGrad::Smooth(_, beta)) => (dy, beta),
-        None => (dy, gamma),
-    };
+    let [code, alpha] = activation_words(fused.map(|f| f.activation));
+    // Without an activation beta is not read: gamma stands in for it.
+    let beta = fused.map_or(gamma, |f| f.beta);
     let sums = partial_sums(
         ctx,
         "batchnorm_backward_sums",
         BACKWARD_SUMS_SHADER,
-        &[dy, relu_y, x, &stats.mean, &stats.inv_std, gamma, beta],
+        &[dy, x, &stats.mean, &stats.inv_std, gamma, beta],
         layout,
         lanes,
-        code,
+        [code, alpha],
     )?;
     let into = outputs.map(|(dgamma, dbeta)| [dbeta, dgamma]);
     let ([dbeta, dgamma], _) = finalize(ctx, &sums, layout, Finish::Sums, 0.0, None, into)?;
-    // A smooth activation's dx binds beta where ReLU's binds its output.
-    let smooth = matches!(activation, Some(ActivationGrad::Smooth(..)));
-    let (kernel, flag_source) = match (smooth, flag) {
-        (false, Some(_)) => ("batchnorm_backward_dx_flag", GRAD_FLAG),
-        (false, None) => ("batchnorm_backward_dx", GRAD_UNFLAGGED),
-        (true, Some(_)) => ("batchnorm_backward_dx_smooth_flag", GRAD_FLAG),
-        (true, None) => ("batchnorm_backward_dx_smooth", GRAD_UNFLAGGED),
+    let (kernel, flag_source) = match flag {
+        Some(_) => ("batchnorm_backward_dx_flag", GRAD_FLAG),
+        None => ("batchnorm_backward_dx", GRAD_UNFLAGGED),
     };
-    let (through, through_buffer) = match activation {
-        Some(ActivationGrad::Smooth(_, beta)) => (DX_THROUGH_SMOOTH, beta),
-        _ => (DX_THROUGH_RELU, relu_y),
-    };
-    let sources = [flag_source, through, BACKWARD_DX_SHADER];
-    let pipeline = dx_lanes.pipeline(ctx, kernel, &sources)?;
+    let pipeline = dx_lanes.pipeline(ctx, kernel, &[flag_source, BACKWARD_DX_SHADER])?;
     let dx = Tensor::uninit_gpu(ctx, x.shape().clone(), dx_dtype)?;
     let len = x.numel() / lanes.width;
     let (grid, row_stride) = flat_grid(len, ELEMENTWISE_WORKGROUP, max_groups(ctx));
@@ -684,14 +640,15 @@ pub(crate) fn backward_into(
         layout.rows as u32,
         row_stride,
         code,
+        alpha,
     ];
     let mut buffers = vec![
         buf(dy),
-        buf(through_buffer),
         buf(x),
         buf(&stats.mean),
         buf(&stats.inv_std),
         buf(gamma),
+        buf(beta),
         buf(&dbeta),
         buf(&dgamma),
         buf(&dx),
@@ -902,37 +859,25 @@ fn backward_cpu(
 }
 
 /// `dy` through the fused activation's gradient on the CPU, as the activation
-/// layer's backward takes it: ReLU's gated by its output (an f16 one widened
-/// back), a smooth one's at the normalized value, recomputed by
-/// [`normalize_cpu`] as the forward computed it.
+/// layer's backward takes it at its input: the normalized value, recomputed
+/// by [`normalize_cpu`] as the forward computed it.
 fn activation_grad_cpu(
-    activation: ActivationGrad<'_>,
+    fused: FusedGrad<'_>,
     dy: &Tensor,
     x: &Tensor,
     gamma: &Tensor,
     stats: &BatchNormStats,
 ) -> Result<Tensor> {
-    match activation {
-        ActivationGrad::Relu(y) => match y.dtype() {
-            DType::F16 => {
-                let widened = Tensor::from_f32(y.dims().to_vec(), y.to_vec_f32()?, &Device::Cpu)?;
-                relu_backward(&widened, dy)
-            }
-            _ => relu_backward(y, dy),
-        },
-        ActivationGrad::Smooth(kind, beta) => {
-            let host = |t: &Tensor| -> Result<Vec<f32>> { t.to_vec_f32() };
-            let z = normalize_cpu(
-                &host(x)?,
-                &host(&stats.mean)?,
-                &host(&stats.inv_std)?,
-                &host(gamma)?,
-                &host(beta)?,
-            );
-            let z = Tensor::from_f32(x.dims().to_vec(), z, &Device::Cpu)?;
-            smooth_activation_backward(&z, dy, kind)
-        }
-    }
+    let host = |t: &Tensor| -> Result<Vec<f32>> { t.to_vec_f32() };
+    let z = normalize_cpu(
+        &host(x)?,
+        &host(&stats.mean)?,
+        &host(&stats.inv_std)?,
+        &host(gamma)?,
+        &host(fused.beta)?,
+    );
+    let z = Tensor::from_f32(x.dims().to_vec(), z, &Device::Cpu)?;
+    activation_backward_as(&z, dy, fused.activation, DType::F32)
 }
 
 // ---- GPU path -------------------------------------------------------------
@@ -1090,7 +1035,7 @@ fn partial_sums(
     inputs: &[&Tensor],
     layout: Layout,
     lanes: Lanes,
-    activation: u32,
+    [activation, alpha]: [u32; 2],
 ) -> Result<[Tensor; 2]> {
     let pipeline = lanes.pipeline(ctx, kernel, &[REDUCE_SHADER, source])?;
     let chunks = layout.rows.div_ceil(CHUNK_ROWS);
@@ -1108,6 +1053,7 @@ fn partial_sums(
         groups as u32,
         group_stride,
         activation,
+        alpha,
     ];
     let buffers: Vec<GpuSlice<'_>> = inputs.iter().copied().chain(&partials).map(buf).collect();
     ctx.dispatch(
@@ -1214,7 +1160,8 @@ fn normalize_gpu(
         row_stride,
         u32::from(variance_eps.is_some()),
         variance_eps.unwrap_or(0.0).to_bits(),
-        activation_code(out.activation),
+        activation_words(out.activation)[0],
+        activation_words(out.activation)[1],
     ];
     ctx.dispatch(
         "batchnorm_normalize",
