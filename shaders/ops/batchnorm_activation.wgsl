@@ -1,9 +1,9 @@
 // The activation a batch-norm kernel fuses (`activation`, with leaky ReLU's
-// slope `alpha`), numbered as src/ops/batchnorm.rs's `activation_code`. The
+// slope `alpha`), numbered as src/ops/batchnorm.rs's `activation_words`. The
 // forward applies it to the normalized value; the backward takes its gradient
 // at that value, recomputed from x as normalize computes it, so nothing of the
 // forward's output is kept or read. Each is the activation layer's own
-// formula: ReLU on the bits (relu.wgsl, relu_activation_backward.wgsl), leaky
+// formula: ReLU on the bits (relu.wgsl, activation_relu_backward.wgsl), leaky
 // ReLU as activation_leaky_relu*.wgsl, GELU and SiLU by
 // activation_smooth_common.wgsl, per value.
 

@@ -1,4 +1,5 @@
-//! Activation backward passes and leaky ReLU, on the CPU and the GPU.
+//! Activation backward passes, leaky ReLU, and the f16-storing forwards and
+//! backwards of the four elementwise activations, on the CPU and the GPU.
 //!
 //! Every op here is elementwise over tensors of one shape, so they share one
 //! launch helper (also used by dropout's backward pass): a flat 1-D grid, the
