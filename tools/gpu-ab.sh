@@ -14,7 +14,8 @@
 # There, base measures the conv plans once (AETHER_TUNE_CONVS=1) into one
 # cache dir that both builds then read, so the kernels differ and the plans do
 # not; per model the builds alternate ROUNDS times (pipelined ms/step with the
-# batch resident), then `conv_passes --parts` on ResNet-18's convs for each,
+# batch resident), then `conv_passes --parts` on ResNet-18's convs for each
+# (and airbench94's for head),
 # then PyTorch's `benches/pytorch_models.py` where torch imports. Results go
 # into one $OUT/results.tgz, rewritten after each model, so a run cut short
 # still brings back what it measured (and stays under the file-count limit).
@@ -81,6 +82,9 @@ for b in base head; do
         --parts >"$R/passes-$b.txt" 2>&1
     echo "passes $b: $(grep -h 'all convs' "$R/passes-$b.txt" | head -1)"
 done
+# airbench94's convs (24-channel and 15-wide ones the rules fit least), head only.
+timeout 150 .gpu-pack/head/conv_passes --convs airbench94 --batch-size 1024 --repeats 20 \
+    --parts >"$R/passes-airbench94-head.txt" 2>&1
 cp /tmp/ab-plans/*.json "$R/" 2>/dev/null
 save
 if python3 -c "import torch" 2>/dev/null; then

@@ -70,6 +70,8 @@ impl Layer for Add {
             });
         }
         self.inputs = inputs.len();
+        // A fused ReLU is the model's decision, made again after every build.
+        self.relu = false;
         Ok(inputs[0].to_vec())
     }
 
