@@ -915,8 +915,8 @@ fn pipeline(
 
 /// How many consecutive channels an invocation of the elementwise and
 /// partial-sum kernels moves: 4 where the channel count divides by 4
-/// (shaders/ops/batchnorm_lanes4.wgsl), else 1; and how the activations they
-/// write (normalize) or gate by (the fused ReLU's backward) are stored.
+/// (shaders/ops/batchnorm_lanes4.wgsl), else 1; and how normalize stores
+/// its output and backward dx its gradient.
 #[derive(Clone, Copy)]
 struct Lanes {
     width: usize,
