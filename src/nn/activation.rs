@@ -1,7 +1,7 @@
 //! Activation layers (ReLU, LeakyReLU, GELU, SiLU, Softmax) and the
 //! elementwise Identity and Scale.
 
-use super::{Layer, LayerSpec, Mode, cached};
+use super::{InputGrad, Layer, LayerSpec, Mode, cached};
 use crate::device::Device;
 use crate::error::{Result, check_hyperparameter};
 use crate::ops::DxStorage;
@@ -12,14 +12,12 @@ use crate::tensor::{DType, Tensor};
 
 /// What an elementwise activation layer keeps: its input for the backward,
 /// how it stores its output (f16 where the next layer rounds its input to f16,
-/// see `Layer::output_rounded_to_f16`) and its input gradient (f16 where the
-/// conv before rounds it, see `Layer::input_grad_rounded_to_f16`), and the
-/// loss scaler whose saturation flag an f16 gradient then raises.
+/// see `Layer::output_rounded_to_f16`) and its input gradient (f16 wherever
+/// the layer before rounds it).
 struct Elementwise {
     input: Option<Tensor>,
     output: DType,
-    f16_input_grad: bool,
-    saturation_flag: Option<Tensor>,
+    input_grad: InputGrad,
 }
 
 impl Default for Elementwise {
@@ -27,8 +25,7 @@ impl Default for Elementwise {
         Self {
             input: None,
             output: DType::F32,
-            f16_input_grad: false,
-            saturation_flag: None,
+            input_grad: InputGrad::default(),
         }
     }
 }
@@ -48,23 +45,20 @@ impl Elementwise {
         activation: Activation,
         layer: &'static str,
     ) -> Result<Option<Tensor>> {
-        let flag = self.saturation_flag.take();
+        let (dtype, flag) = self.input_grad.take();
         if !need_dx {
             return Ok(None);
         }
         let dx_out = DxStorage {
-            dtype: if self.f16_input_grad {
-                DType::F16
-            } else {
-                DType::F32
-            },
+            dtype,
             saturation_flag: flag.as_ref(),
         };
         activation_backward_into(cached(&self.input, layer)?, dy, activation, dx_out).map(Some)
     }
 
     fn end_step(&mut self) {
-        (self.input, self.saturation_flag) = (None, None);
+        self.input = None;
+        self.input_grad.end_step();
     }
 
     fn output_rounded_to_f16(&mut self, rounded: bool) -> bool {
@@ -73,14 +67,11 @@ impl Elementwise {
     }
 
     fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
-        self.f16_input_grad = rounded;
-        rounded
+        self.input_grad.set_f16(rounded)
     }
 
     fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
-        let flags = self.f16_input_grad && scaler.gpu_context().is_some();
-        self.saturation_flag = flags.then(|| scaler.clone());
-        flags
+        self.input_grad.flag(scaler, |_| true)
     }
 }
 

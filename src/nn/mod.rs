@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use crate::conv::{ConvPlans, ConvWork, Padding};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
+use crate::gpu::GpuContext;
 use crate::ops::activation::Activation;
 use crate::tensor::{DType, Tensor};
 
@@ -446,6 +447,50 @@ pub struct StepKind {
     pub train: bool,
     /// Whether the backward asks for the layer's input gradient.
     pub input_grad: bool,
+}
+
+/// How a layer returns its input gradient: as f16 where the layer before
+/// rounds it to f16 anyway and this layer can write it so (see
+/// `Layer::input_grad_rounded_to_f16`), and the loss scaler whose saturation
+/// flag the next backward's f16 gradient raises (see
+/// `Layer::flag_input_grad_saturation`).
+#[derive(Default)]
+pub(crate) struct InputGrad {
+    f16: bool,
+    saturation_flag: Option<Tensor>,
+}
+
+impl InputGrad {
+    /// Stores the gradient as f16 where `f16`; returns it.
+    pub(crate) fn set_f16(&mut self, f16: bool) -> bool {
+        self.f16 = f16;
+        f16
+    }
+
+    /// The next backward raises `scaler`'s flag where it stores f16, the
+    /// scaler is on a GPU and `binds` says the layer's kernel can bind it
+    /// there; returns whether it will.
+    pub(crate) fn flag(
+        &mut self,
+        scaler: &Tensor,
+        binds: impl FnOnce(&GpuContext) -> bool,
+    ) -> bool {
+        let flags = self.f16 && scaler.gpu_context().is_some_and(|ctx| binds(ctx));
+        self.saturation_flag = flags.then(|| scaler.clone());
+        flags
+    }
+
+    /// The next backward's storage: the dtype, and the scaler whose flag it
+    /// raises (taken: a flag is for one backward).
+    pub(crate) fn take(&mut self) -> (DType, Option<Tensor>) {
+        let dtype = if self.f16 { DType::F16 } else { DType::F32 };
+        (dtype, self.saturation_flag.take())
+    }
+
+    /// Drops a flag no backward took.
+    pub(crate) fn end_step(&mut self) {
+        self.saturation_flag = None;
+    }
 }
 
 /// The tensor a backward pass needs from its forward pass, or a clear error.

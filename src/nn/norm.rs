@@ -1,7 +1,7 @@
 //! BatchNorm over the channel axis, with running statistics for inference.
 //! Its parameters are excluded from weight decay.
 
-use super::{Layer, LayerSpec, Mode, Param, cached, state_size};
+use super::{InputGrad, Layer, LayerSpec, Mode, Param, cached, state_size};
 use crate::device::Device;
 use crate::error::{AetherError, Result};
 use crate::ops::DxStorage;
@@ -32,9 +32,8 @@ pub struct BatchNorm {
     /// The output's dtype: F16 where the next layer rounds its input to f16
     /// (see `Layer::output_rounded_to_f16`).
     output: DType,
-    /// The input gradient's dtype: F16 where the layer before rounds its
-    /// output gradient to f16 (see `Layer::input_grad_rounded_to_f16`).
-    input_grad: DType,
+    /// How the backward returns dx: f16 where the layer before rounds it.
+    input_grad: InputGrad,
     /// Input and batch statistics (a fused activation's backward recomputes
     /// its input from them, gamma and beta).
     cache: Option<(Tensor, BatchNormStats)>,
@@ -44,9 +43,6 @@ pub struct BatchNorm {
     staged: Option<(Tensor, Tensor)>,
     /// Where the backward writes `(dgamma, dbeta)` (see `Layer::set_grad_outputs`).
     grad_outputs: Option<(Tensor, Tensor)>,
-    /// The loss scaler's state whose flag the next backward's f16 dx raises
-    /// (see `Layer::flag_input_grad_saturation`).
-    saturation_flag: Option<Tensor>,
 }
 
 struct NormState {
@@ -69,12 +65,11 @@ impl BatchNorm {
             channels: 0,
             activation: None,
             output: DType::F32,
-            input_grad: DType::F32,
+            input_grad: InputGrad::default(),
             cache: None,
             grads: None,
             staged: None,
             grad_outputs: None,
-            saturation_flag: None,
         }
     }
 
@@ -142,7 +137,7 @@ impl Layer for BatchNorm {
         // again after every build.
         self.activation = None;
         self.output = DType::F32;
-        self.input_grad = DType::F32;
+        self.input_grad = InputGrad::default();
         self.channels = c;
         let filled = |v: f32| Tensor::from_f32(vec![c], vec![v; c], device);
         self.state = Some(NormState {
@@ -205,7 +200,7 @@ impl Layer for BatchNorm {
 
     fn end_step(&mut self) {
         (self.cache, self.grads, self.staged) = (None, None, None);
-        self.saturation_flag = None;
+        self.input_grad.end_step();
     }
 
     fn commit_step(&mut self, gate: Option<&Tensor>) -> Result<()> {
@@ -222,7 +217,7 @@ impl Layer for BatchNorm {
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let flag = self.saturation_flag.take();
+        let (dtype, flag) = self.input_grad.take();
         let Some((x, stats)) = self.cache.as_ref() else {
             return cached(&None, "BatchNorm::backward").map(|_| None);
         };
@@ -233,7 +228,7 @@ impl Layer for BatchNorm {
         });
         let outputs = self.grad_outputs.as_ref();
         let dx_out = DxStorage {
-            dtype: self.input_grad,
+            dtype,
             saturation_flag: flag.as_ref(),
         };
         let (dx, dgamma, dbeta) =
@@ -257,17 +252,13 @@ impl Layer for BatchNorm {
 
     /// Clipped to +-65504 before it is rounded, as the conv's own cast does.
     fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
-        self.input_grad = self.storage_for(rounded);
-        self.input_grad == DType::F16
+        let f16 = self.storage_for(rounded) == DType::F16;
+        self.input_grad.set_f16(f16)
     }
 
+    /// Where dx's kernel can bind the scaler too (see `flags_dx_saturation`).
     fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
-        let flags = self.input_grad == DType::F16
-            && scaler
-                .gpu_context()
-                .is_some_and(|ctx| flags_dx_saturation(ctx));
-        self.saturation_flag = flags.then(|| scaler.clone());
-        flags
+        self.input_grad.flag(scaler, flags_dx_saturation)
     }
 
     fn trainables(&mut self) -> Vec<Param<'_>> {

@@ -1,7 +1,7 @@
 //! Pooling layers: max, average, global average and global max.
 
 use super::dropout::mask_key;
-use super::{Layer, LayerSpec, Mode, cached, hwc};
+use super::{InputGrad, Layer, LayerSpec, Mode, cached, hwc};
 use crate::conv::Padding;
 use crate::device::Device;
 use crate::error::{AetherError, Result};
@@ -45,12 +45,8 @@ pub struct MaxPool2d {
     /// How the forward stores `y`: F16 where the next layer rounds its input
     /// to f16 (see `Layer::output_rounded_to_f16`).
     output: DType,
-    /// The input gradient's dtype: F16 where the conv before rounds its
-    /// output gradient to f16 (see `Layer::input_grad_rounded_to_f16`).
-    input_grad: DType,
-    /// The loss scaler's state whose flag the next backward's f16 dx raises
-    /// (see `Layer::flag_input_grad_saturation`).
-    saturation_flag: Option<Tensor>,
+    /// How the backward returns dx: f16 where the conv before rounds it.
+    input_grad: InputGrad,
 }
 
 impl MaxPool2d {
@@ -69,8 +65,7 @@ impl MaxPool2d {
             dropout: None,
             step_dropout: None,
             output: DType::F32,
-            input_grad: DType::F32,
-            saturation_flag: None,
+            input_grad: InputGrad::default(),
         }
     }
 }
@@ -87,7 +82,8 @@ impl Layer for MaxPool2d {
     fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
         let shape = pooled_shape("MaxPool2d", input, &self.params)?;
         self.input = hwc("MaxPool2d", input)?;
-        (self.dropout, self.output, self.input_grad) = (None, DType::F32, DType::F32);
+        (self.dropout, self.output) = (None, DType::F32);
+        self.input_grad = InputGrad::default();
         Ok(shape)
     }
 
@@ -138,30 +134,27 @@ impl Layer for MaxPool2d {
     fn input_grad_rounded_to_f16(&mut self, rounded: bool) -> bool {
         let [h, w, c] = self.input;
         let f16 = rounded && c.is_multiple_of(4) && windows_tile([1, h, w, c], &self.params);
-        self.input_grad = if f16 { DType::F16 } else { DType::F32 };
-        f16
+        self.input_grad.set_f16(f16)
     }
 
     fn flag_input_grad_saturation(&mut self, scaler: &Tensor) -> bool {
-        let flags = self.input_grad == DType::F16 && scaler.gpu_context().is_some();
-        self.saturation_flag = flags.then(|| scaler.clone());
-        flags
+        self.input_grad.flag(scaler, |_| true)
     }
 
     fn end_step(&mut self) {
         self.argmax = None;
-        self.saturation_flag = None;
+        self.input_grad.end_step();
     }
 
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
-        let flag = self.saturation_flag.take();
+        let (dtype, flag) = self.input_grad.take();
         if !need_dx {
             return Ok(None);
         }
         let dims = input_dims(&self.input_dims, "MaxPool2d::backward")?;
         let argmax = cached(&self.argmax, "MaxPool2d::backward")?;
         let dx_out = DxStorage {
-            dtype: self.input_grad,
+            dtype,
             saturation_flag: flag.as_ref(),
         };
         let dropout = self.step_dropout.as_ref();
