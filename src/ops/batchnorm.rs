@@ -868,13 +868,16 @@ fn activation_grad_cpu(
     gamma: &Tensor,
     stats: &BatchNormStats,
 ) -> Result<Tensor> {
-    let host = |t: &Tensor| -> Result<Vec<f32>> { t.to_vec_f32() };
+    // Checked f32 and on dy's device, the host, by the caller.
+    fn host(t: &Tensor) -> &[f32] {
+        t.host_f32().expect("an f32 operand on the host")
+    }
     let z = normalize_cpu(
-        &host(x)?,
-        &host(&stats.mean)?,
-        &host(&stats.inv_std)?,
-        &host(gamma)?,
-        &host(fused.beta)?,
+        host(x),
+        host(&stats.mean),
+        host(&stats.inv_std),
+        host(gamma),
+        host(fused.beta),
     );
     let z = Tensor::from_f32(x.dims().to_vec(), z, &Device::Cpu)?;
     activation_backward_as(&z, dy, fused.activation, DType::F32)
