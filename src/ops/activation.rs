@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use crate::conv::cast_f16;
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
-use crate::ops::DxStorage;
+use crate::ops::{DxStorage, stores_f16};
 use crate::tensor::{DType, Tensor};
 
 const RELU_BACKWARD_SHADER: &str = concat!(
@@ -153,32 +153,15 @@ pub(crate) fn activation_backward_into(
             0.0,
         ),
     };
-    match dx_out.dtype {
-        DType::F32 => return f32_grad(),
-        DType::F16 => {}
-        other => {
-            return Err(AetherError::InvalidShape {
-                op: entry,
-                shape: x.dims().to_vec(),
-                reason: format!("dx as {other:?}: F32 or F16"),
-            });
-        }
+    if !stores_f16(entry, x.dims(), "dx as", dx_out.dtype)? {
+        return f32_grad();
     }
     check_operands(entry, &[x, dy])?;
     check_alpha(entry, x, alpha)?;
     if x.host_f32().is_some() {
         return cast_f16(&f32_grad()?, true);
     }
-    let flag = dx_out.saturation_flag;
-    if let Some(scaler) = flag
-        && !scaler.device().same_as(&x.device())
-    {
-        return Err(AetherError::DeviceMismatch {
-            op: entry,
-            a: x.device().name(),
-            b: scaler.device().name(),
-        });
-    }
+    let flag = dx_out.flag_beside(entry, x)?;
     let ctx = x.gpu_context().expect("non-host tensor is on a GPU");
     let (kernel, source) = match flag {
         Some(_) => (flagged, GRAD_F16_FLAG_SHADER),
@@ -461,16 +444,8 @@ pub fn activation_as(x: &Tensor, activation: Activation, output: DType) -> Resul
         Activation::LeakyRelu(alpha) => ("leaky_relu", alpha),
         Activation::Smooth(kind) => (kind.kernels().0, 0.0),
     };
-    match output {
-        DType::F32 => return f32_output(),
-        DType::F16 => {}
-        other => {
-            return Err(AetherError::InvalidShape {
-                op: kernel,
-                shape: x.dims().to_vec(),
-                reason: format!("output {other:?}: F32 or F16"),
-            });
-        }
+    if !stores_f16(kernel, x.dims(), "output", output)? {
+        return f32_output();
     }
     check_operands(kernel, &[x])?;
     check_alpha(kernel, x, alpha)?;

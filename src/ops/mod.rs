@@ -26,12 +26,46 @@ pub(crate) struct DxStorage<'a> {
     pub saturation_flag: Option<&'a Tensor>,
 }
 
-impl DxStorage<'_> {
+impl<'a> DxStorage<'a> {
     pub fn plain(dtype: DType) -> Self {
         Self {
             dtype,
             saturation_flag: None,
         }
+    }
+
+    /// The scaler to flag, checked to be on `like`'s device.
+    pub fn flag_beside(&self, op: &'static str, like: &Tensor) -> Result<Option<&'a Tensor>> {
+        match self.saturation_flag {
+            Some(scaler) if !scaler.device().same_as(&like.device()) => {
+                Err(AetherError::DeviceMismatch {
+                    op,
+                    a: like.device().name(),
+                    b: scaler.device().name(),
+                })
+            }
+            flag => Ok(flag),
+        }
+    }
+}
+
+/// Whether an op asked to store a result (`what`: "output", "dx as") as
+/// `dtype` stores f16: false for F32, and for anything but F32 and F16 a
+/// typed error naming `op` and `shape`.
+pub(crate) fn stores_f16(
+    op: &'static str,
+    shape: &[usize],
+    what: &str,
+    dtype: DType,
+) -> Result<bool> {
+    match dtype {
+        DType::F32 => Ok(false),
+        DType::F16 => Ok(true),
+        other => Err(AetherError::InvalidShape {
+            op,
+            shape: shape.to_vec(),
+            reason: format!("{what} {other:?}: F32 or F16"),
+        }),
     }
 }
 

@@ -25,8 +25,8 @@ use rayon::prelude::*;
 use crate::conv::{Padding, cast_f16};
 use crate::error::{AetherError, Result};
 use crate::gpu::{GpuContext, GpuSlice, PipelineKey, flat_grid};
-use crate::ops::DxStorage;
 use crate::ops::dropout::{SpatialMask, dropout_backward, spatial_dropout_as};
+use crate::ops::{DxStorage, stores_f16};
 use crate::tensor::{DType, Shape, Tensor};
 
 const MAX_FORWARD: &str = concat!(
@@ -524,16 +524,8 @@ pub fn max_pool2d(x: &Tensor, p: &PoolParams) -> Result<(Tensor, Tensor)> {
 /// would have rounded to). On the GPU F16 needs channels in fours.
 pub fn max_pool2d_as(x: &Tensor, p: &PoolParams, output: DType) -> Result<(Tensor, Tensor)> {
     const OP: &str = "max_pool2d";
-    match output {
-        DType::F32 => return max_pool2d(x, p),
-        DType::F16 => {}
-        other => {
-            return Err(AetherError::InvalidShape {
-                op: OP,
-                shape: x.dims().to_vec(),
-                reason: format!("output {other:?}: F32 or F16"),
-            });
-        }
+    if !stores_f16(OP, x.dims(), "output", output)? {
+        return max_pool2d(x, p);
     }
     require_f32(OP, x)?;
     let g = PoolGeometry::new(OP, x.shape().nhwc(OP)?, p)?;
@@ -802,20 +794,11 @@ pub(crate) fn max_pool2d_backward_into(
     dx_out: DxStorage<'_>,
 ) -> Result<Tensor> {
     const OP: &str = "max_pool2d_backward";
-    let refused = |reason: String| AetherError::InvalidShape {
-        op: OP,
-        shape: input_dims.to_vec(),
-        reason,
-    };
-    match dx_out.dtype {
-        DType::F32 => {
-            return match dropout {
-                Some(d) => max_pool2d_dropout_backward(dy, argmax, input_dims, p, d),
-                None => max_pool2d_backward(dy, argmax, input_dims, p),
-            };
-        }
-        DType::F16 => {}
-        other => return Err(refused(format!("dx as {other:?}: F32 or F16"))),
+    if !stores_f16(OP, &input_dims, "dx as", dx_out.dtype)? {
+        return match dropout {
+            Some(d) => max_pool2d_dropout_backward(dy, argmax, input_dims, p, d),
+            None => max_pool2d_backward(dy, argmax, input_dims, p),
+        };
     }
     if dy.host_f32().is_some() {
         let f32_out = DxStorage::plain(DType::F32);
@@ -824,28 +807,21 @@ pub(crate) fn max_pool2d_backward_into(
     }
     let g = PoolGeometry::new(OP, input_dims, p)?;
     if !g.windows_tile_input() || !g.c.is_multiple_of(4) {
-        return Err(refused(
-            "dx as F16 needs windows that partition the input and channels in fours".into(),
-        ));
+        return Err(AetherError::InvalidShape {
+            op: OP,
+            shape: input_dims.to_vec(),
+            reason: "dx as F16 needs windows that partition the input and channels in fours".into(),
+        });
     }
     check_max_backward(OP, dy, argmax, &g)?;
     let ctx = gpu_context(dy);
     g.check_loops(OP, ctx)?;
-    if let Some(scaler) = dx_out.saturation_flag
-        && !scaler.device().same_as(&dy.device())
-    {
-        return Err(AetherError::DeviceMismatch {
-            op: OP,
-            a: dy.device().name(),
-            b: scaler.device().name(),
-        });
-    }
+    let flag = dx_out.flag_beside(OP, dy)?;
     let dx = Tensor::uninit_gpu(ctx, Shape::new(input_dims.to_vec())?, DType::F16)?;
     let draws = match dropout {
         Some(d) => d.mask(OP, g.output_dims())?.draw_words(),
         None => [0; 6],
     };
-    let flag = dx_out.saturation_flag;
     let (kernel, entry) = match (dropout.is_some(), flag.is_some()) {
         (false, false) => ("pool_max_backward_tiled_f16", "main4_f16"),
         (false, true) => ("pool_max_backward_tiled_f16_flag", "main4_f16"),
