@@ -753,6 +753,26 @@ test_device!(
     }
 );
 
+/// `build(fuse)`'s model, with fusion on and then off, as
+/// [`loss_and_logit_bits`] gives it on 8 synthetic images, after checking
+/// that `listed` names `folded` with fusion on and nothing with it off.
+fn fused_and_separate(
+    build: impl Fn(bool) -> Model,
+    listed: fn(&Model) -> Vec<usize>,
+    folded: &[usize],
+) -> (Vec<u32>, Vec<u32>) {
+    let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
+    let run = |fuse: bool| {
+        let mut model = build(fuse);
+        let expected = if fuse { folded.to_vec() } else { vec![] };
+        assert_eq!(listed(&model), expected, "fusion {fuse}");
+        loss_and_logit_bits(&mut model, &x, &y)
+    };
+    let (fused, separate) = (run(true), run(false));
+    assert_eq!(fused.len(), separate.len());
+    (fused, separate)
+}
+
 /// The bits of the losses of 3 training steps on `(x, y)`, then of the
 /// logits the model predicts for `x` (8 samples).
 fn loss_and_logit_bits(model: &mut Model, x: &[f32], y: &[u32]) -> Vec<u32> {
@@ -771,22 +791,14 @@ test_device!(
     |device: &Device| {
         // v1 has BatchNorm -> ReLU after every conv: finalize folds each ReLU into
         // its BatchNorm unless told not to. Three steps, then predictions.
-        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
-        let run = |fuse: bool| {
+        let build = |fuse: bool| {
             let mut model = aether::zoo::cifar10_v1(6).fuse_activations(fuse);
             model.to(device).unwrap();
             model.finalize(&[SIDE, SIDE, 3]).unwrap();
-            let expected = if fuse { vec![2, 5, 10, 13, 18] } else { vec![] };
-            assert_eq!(
-                model.fused_activations(),
-                expected,
-                "fuse_activations({fuse})"
-            );
-            loss_and_logit_bits(&mut model, &x, &y)
+            model
         };
-        let fused = run(true);
-        let separate = run(false);
-        assert_eq!(fused.len(), separate.len());
+        let folded = [2, 5, 10, 13, 18];
+        let (fused, separate) = fused_and_separate(build, Model::fused_activations, &folded);
         let first_difference = fused.iter().zip(&separate).position(|(a, b)| a != b);
         assert_eq!(
             first_difference, None,
@@ -800,11 +812,11 @@ test_device!(
     |device: &Device| {
         // A GELU, a SiLU and a leaky ReLU, each the sole reader of a
         // BatchNorm, fold into it (the GELU's BatchNorm one channel a lane,
-        // the others four): three steps, then predictions. The CPU runs the layers' own ops, bit for
-        // bit; a GPU compiler may contract the recomputed normalized value
-        // differently in two kernels, so there the bound is 1e-5 relative.
-        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
-        let run = |fuse: bool| {
+        // the others four): three steps, then predictions. The CPU runs the
+        // layers' own ops, bit for bit; a GPU compiler may contract the
+        // recomputed normalized value differently in two kernels, so there
+        // the bound is 1e-5 relative.
+        let build = |fuse: bool| {
             let mut model = Model::new().seed(3).fuse_activations(fuse);
             model
                 .add(Conv2d::new(6, (3, 3), Padding::Same))
@@ -819,18 +831,9 @@ test_device!(
                 .add(LeakyReLU::new(0.2))
                 .add(GlobalAvgPool::default())
                 .add(Dense::new(10));
-            let mut model = common::ready_model(model, device, &[SIDE, SIDE, 3]);
-            let expected = if fuse { vec![2, 6, 9] } else { vec![] };
-            assert_eq!(
-                model.fused_activations(),
-                expected,
-                "fuse_activations({fuse})"
-            );
-            loss_and_logit_bits(&mut model, &x, &y)
+            common::ready_model(model, device, &[SIDE, SIDE, 3])
         };
-        let fused = run(true);
-        let separate = run(false);
-        assert_eq!(fused.len(), separate.len());
+        let (fused, separate) = fused_and_separate(build, Model::fused_activations, &[2, 6, 9]);
         let exact = device.gpu_context().is_none();
         let apart = |(a, b): (&u32, &u32)| {
             let (a, b) = (f32::from_bits(*a), f32::from_bits(*b));
@@ -855,18 +858,14 @@ test_device!(
         // tiling its input: finalize folds each dropout into its pool unless
         // told not to. With f16 activations, pools 6 and 14 then write the
         // f16 that dropouts 7 and 15 wrote. Three steps, then predictions.
-        let (x, y) = synthetic_images(8, SIDE, SIDE, 5).expect("synthetic images");
-        let run = |fuse: bool| {
+        let build = |fuse: bool| {
             let mut model = aether::zoo::cifar10_v1(6).fuse_dropout(fuse);
             model.to(device).unwrap();
             model.finalize(&[SIDE, SIDE, 3]).unwrap();
-            let expected = if fuse { vec![7, 15, 20] } else { vec![] };
-            assert_eq!(model.fused_dropouts(), expected, "fuse_dropout({fuse})");
             assert_eq!(model.fused_activations(), [2, 5, 10, 13, 18]);
-            loss_and_logit_bits(&mut model, &x, &y)
+            model
         };
-        let fused = run(true);
-        let separate = run(false);
+        let (fused, separate) = fused_and_separate(build, Model::fused_dropouts, &[7, 15, 20]);
         let first_difference = fused.iter().zip(&separate).position(|(a, b)| a != b);
         assert_eq!(
             first_difference, None,
