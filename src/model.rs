@@ -654,8 +654,12 @@ impl Model {
     }
 
     /// Freezes layer `index` (`trainable` false: the optimizer leaves its
-    /// parameters as they are) or trains it again. Its gradients are still
-    /// computed (a layer's backward makes them with its input gradient).
+    /// parameters as they are) or trains it again. Where no layer before a
+    /// frozen one trains, its backward does not run, nor does any input
+    /// gradient that would only reach it (fine-tuning the head of a frozen
+    /// backbone runs the head's backward alone); a frozen layer between
+    /// trained ones still passes the gradient through, computing its own
+    /// parameters' gradients on the way, which the optimizer ignores.
     /// The parameter set changes, so the optimizer's state starts afresh.
     /// A parameter group naming the layer is
     /// [`AetherError::FrozenParameter`].
@@ -675,6 +679,8 @@ impl Model {
         if frozen != self.frozen {
             self.frozen = frozen;
             self.forget_optimizer_state();
+            // The backward's input gradients changed with it.
+            self.convs_planned.clear();
         }
         Ok(self)
     }
@@ -898,6 +904,23 @@ impl Model {
     /// Where running layer `i` reads its inputs.
     fn sources(&self, i: usize) -> Vec<NodeId> {
         self.inputs[i].iter().map(|&s| self.resolve(s)).collect()
+    }
+
+    /// Which running layers' output gradients a backward needs: a layer's
+    /// whose parameters train, or that reads a layer whose gradient is
+    /// needed (PyTorch's `requires_grad`, carried forward). The backward
+    /// skips the others, and asks no layer for an input gradient only
+    /// they would take: a frozen front of the network costs nothing.
+    fn grads_needed(&self) -> Vec<bool> {
+        let mut needed = vec![false; self.layers.len()];
+        for i in (0..self.layers.len()).filter(|&i| !self.is_folded(i)) {
+            needed[i] = (self.layers[i].spec().has_params() && !self.frozen.contains(&i))
+                || self
+                    .sources(i)
+                    .iter()
+                    .any(|s| matches!(s, NodeId::Layer(j) if needed[*j]));
+        }
+        needed
     }
 
     /// Who reads each running layer's output, and the input.
@@ -1156,6 +1179,7 @@ impl Model {
             return Ok(());
         };
         let input_shape = self.input_shape()?.to_vec();
+        let needed = self.grads_needed();
         let work: Vec<_> = (0..self.layers.len())
             .filter(|&i| !self.is_folded(i))
             .filter_map(|i| {
@@ -1167,14 +1191,14 @@ impl Model {
                         } else {
                             DType::F32
                         };
-                        (self.output_shapes.get(j)?.as_slice(), dtype, true)
+                        (self.output_shapes.get(j)?.as_slice(), dtype, needed[j])
                     }
                     _ => return None,
                 };
                 let step = crate::nn::StepKind {
                     batch,
                     input: dtype,
-                    train,
+                    train: train && needed[i],
                     input_grad,
                 };
                 self.layers[i].conv_work(input, &step)
@@ -1201,13 +1225,18 @@ impl Model {
             NodeId::Layer(out) if n > 0 => grads[out] = Some(grad),
             _ => return Ok(()),
         }
+        let needed = self.grads_needed();
+        let wanted = |s: &NodeId| matches!(s, NodeId::Layer(j) if needed[*j]);
         for i in (0..n).rev() {
             let Some(dy) = grads[i].take() else {
                 continue;
             };
+            if !needed[i] {
+                continue;
+            }
             self.timing_scope(|| format!("{i} {} backward", self.layers[i].spec().kind()));
             let sources = self.sources(i);
-            let need_dx = sources.iter().any(|s| matches!(s, NodeId::Layer(_)));
+            let need_dx = sources.iter().any(wanted);
             if let Some(scaler) = &self.scaler {
                 if self.layers[i].rounds_output_grad_to_f16(&self.device)
                     && !flagged[i]
@@ -1218,6 +1247,7 @@ impl Model {
                 // An f16 input gradient goes to one layer that rounds it
                 // (`plan_f16_outputs`): this layer may flag it as it writes it.
                 if let [NodeId::Layer(j)] = sources.as_slice()
+                    && need_dx
                     && self.f16_input_grads.get(i) == Some(&true)
                 {
                     flagged[*j] = self.layers[i].flag_input_grad_saturation(scaler.state());
@@ -1225,7 +1255,9 @@ impl Model {
             }
             let dxs = self.layers[i].backward_inputs(&dy, need_dx)?;
             for (source, dx) in sources.into_iter().zip(dxs) {
-                if let (NodeId::Layer(j), Some(dx)) = (source, dx) {
+                if let (NodeId::Layer(j), Some(dx)) = (source, dx)
+                    && needed[j]
+                {
                     grads[j] = Some(match grads[j].take() {
                         Some(sum) => self.sum_gradient(j, i, &sum, &dx)?,
                         None => dx,
@@ -1346,7 +1378,7 @@ impl Model {
     }
 
     /// The mean loss on one batch of host data and the gradient of every
-    /// trainable parameter, named as in a model file (`layers.{i}.{name}`),
+    /// trainable parameter (frozen layers' left out), named as in a model file (`layers.{i}.{name}`),
     /// without an optimizer step: for inspecting or checking gradients. The
     /// forward pass trains as a step's does (BatchNorm normalises by the
     /// batch's statistics and takes them into its running ones; dropout draws
@@ -1375,7 +1407,11 @@ impl Model {
                     None => 1.0,
                 };
                 let mut named = Vec::new();
+                let frozen = &self.frozen;
                 for (i, layer) in self.layers.iter_mut().enumerate() {
+                    if frozen.contains(&i) {
+                        continue;
+                    }
                     for t in layer.trainables() {
                         let grad = t.grad.to_vec_f32()?.iter().map(|g| g * inv_scale).collect();
                         named.push((format!("layers.{i}.{}", t.name), grad));

@@ -1,13 +1,16 @@
 //! Parameter groups (learning-rate and weight-decay multipliers by layer
 //! kind or index, in the optimizer's segment table) and frozen layers, on
 //! every device: each parameter's update against `-lr * lr_scale * (g +
-//! wd * decay_scale * w)` computed from the step's own gradient.
+//! wd * decay_scale * w)` computed from the step's own gradient; a frozen
+//! front of the network runs no backward.
 
 mod common;
 
-use aether::nn::{BatchNorm, Conv2d, Dense, Flatten, ReLU};
+use std::sync::{Arc, Mutex};
+
+use aether::nn::{BatchNorm, Conv2d, Dense, Flatten, Layer, LayerSpec, Mode, ReLU};
 use aether::optim::{ParamGroup, Sgd};
-use aether::{AetherError, Device, Loss, Metric, Model, Padding};
+use aether::{AetherError, Device, Loss, Metric, Model, Padding, Result, Tensor};
 use common::Rng;
 
 const LR: f32 = 0.05;
@@ -20,6 +23,10 @@ fn model(device: &Device) -> Model {
     model.add(ReLU::default());
     model.add(Flatten::default());
     model.add(Dense::new(3));
+    configured(model, device)
+}
+
+fn configured(mut model: Model, device: &Device) -> Model {
     model.configure(
         Loss::SoftmaxCrossEntropy {
             label_smoothing: 0.0,
@@ -250,5 +257,124 @@ test_device!(
                 "{name}: update off by {err:e} (bound {bound:e})"
             );
         }
+    }
+);
+
+/// A custom layer passing its input through, which records the `need_dx` of
+/// every backward it is asked for.
+struct Probe(Arc<Mutex<Vec<bool>>>);
+
+impl Layer for Probe {
+    fn spec(&self) -> LayerSpec {
+        LayerSpec::Custom {
+            name: "Probe".into(),
+            config: serde_json::Value::Null,
+        }
+    }
+    fn build(&mut self, input: &[usize], _seed: u64, _device: &Device) -> Result<Vec<usize>> {
+        Ok(input.to_vec())
+    }
+    fn forward(&mut self, x: &Tensor, _mode: Mode) -> Result<Tensor> {
+        Ok(x.clone())
+    }
+    fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>> {
+        self.0.lock().unwrap().push(need_dx);
+        Ok(need_dx.then(|| dy.clone()))
+    }
+}
+
+/// [`model`] with a [`Probe`] at `at` (0: before the conv, 1: after it).
+fn probed(device: &Device, at: usize) -> (Model, Arc<Mutex<Vec<bool>>>) {
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let mut model = Model::new().seed(9);
+    if at == 0 {
+        model.add(Probe(calls.clone()));
+    }
+    model.add(Conv2d::new(6, (3, 3), Padding::Same));
+    if at == 1 {
+        model.add(Probe(calls.clone()));
+    }
+    model.add(BatchNorm::new(0.9, 1e-5));
+    model.add(ReLU::default());
+    model.add(Flatten::default());
+    model.add(Dense::new(3));
+    (configured(model, device), calls)
+}
+
+test_device!(a_frozen_front_runs_no_backward, |device: &Device| {
+    let mut rng = Rng::fresh();
+    let x = rng.vec(4 * 5 * 5 * 2);
+    let y = vec![2, 0, 1, 1];
+    let taken = |calls: &Arc<Mutex<Vec<bool>>>| std::mem::take(&mut *calls.lock().unwrap());
+    // Probe, conv, BatchNorm, ...: the probe (which may train, as any custom
+    // layer) is first, so it is asked for no input gradient.
+    let (mut model, calls) = probed(device, 0);
+    model.train_batch(&x, &y).unwrap();
+    assert_eq!(taken(&calls), [false]);
+    // The conv frozen, the probe before it still trains: the conv passes
+    // the gradient through.
+    model.set_trainable(1, false).unwrap();
+    model.train_batch(&x, &y).unwrap();
+    assert_eq!(taken(&calls), [false]);
+    // Both frozen: neither runs a backward, and BatchNorm asks for no input
+    // gradient; the conv keeps its weights, the rest train.
+    model.set_trainable(0, false).unwrap();
+    let before = values(&model);
+    let grads = model.gradients(&x, &y).unwrap();
+    assert!(taken(&calls).is_empty());
+    assert!(
+        grads
+            .tensors
+            .iter()
+            .all(|(n, _)| !n.starts_with("layers.1."))
+    );
+    assert!(
+        grads
+            .tensors
+            .iter()
+            .any(|(n, _)| n.starts_with("layers.2."))
+    );
+    model.train_batch(&x, &y).unwrap();
+    model.check_steps().unwrap();
+    assert!(taken(&calls).is_empty());
+    for ((name, a), (_, b)) in before.iter().zip(&values(&model)) {
+        if name.starts_with("layers.1.") {
+            assert_eq!(a, b, "{name} is frozen");
+        } else if name.contains("kernel") || name.contains("beta") {
+            assert_ne!(a, b, "{name} trains");
+        }
+    }
+    // Conv, probe, ...: the frozen probe between the trained conv and the
+    // rest passes the gradient through.
+    let (mut model, calls) = probed(device, 1);
+    model.set_trainable(1, false).unwrap();
+    model.train_batch(&x, &y).unwrap();
+    assert_eq!(taken(&calls), [true]);
+});
+
+test_device!(
+    freezing_trains_the_rest_as_a_zero_learning_rate,
+    |device: &Device| {
+        let mut rng = Rng::fresh();
+        let x = rng.vec(4 * 5 * 5 * 2);
+        let y = vec![1, 2, 0, 1];
+        // The conv's backward skipped against the conv's backward run with
+        // its updates at zero: the layers after it take the same steps.
+        let mut frozen = model(device);
+        frozen.set_trainable(0, false).unwrap();
+        let mut still = model(device);
+        still
+            .set_param_groups(vec![ParamGroup::layer(0, None).lr_scale(0.0)])
+            .unwrap();
+        for _ in 0..3 {
+            frozen.train_batch(&x, &y).unwrap();
+            still.train_batch(&x, &y).unwrap();
+        }
+        let (a, b) = (values(&frozen), values(&still));
+        assert_eq!(a, b);
+        assert!(
+            a.iter().zip(&values(&model(device))).any(|(a, b)| a != b),
+            "the steps trained"
+        );
     }
 );

@@ -123,6 +123,16 @@ fn with_bias() -> bool {
 }
 
 impl LayerSpec {
+    /// Whether the layer may have parameters to train: the model runs the
+    /// backward of a layer without, and of everything before it, only where
+    /// a layer before it trains. True for every custom layer.
+    pub fn has_params(&self) -> bool {
+        matches!(
+            self,
+            Self::Conv2d { .. } | Self::Dense { .. } | Self::BatchNorm { .. } | Self::Custom { .. }
+        )
+    }
+
     /// The layer type's name, as in the saved architecture.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -232,7 +242,8 @@ pub trait Layer: Send {
     fn forward(&mut self, x: &Tensor, mode: Mode) -> Result<Tensor>;
 
     /// Gradients of the parameters from `dy`, and the input gradient when
-    /// `need_dx` (the first layer's is never needed).
+    /// `need_dx` (not for the first layer, nor where no layer before this
+    /// one trains: see [`crate::Model::set_trainable`]).
     fn backward(&mut self, dy: &Tensor, need_dx: bool) -> Result<Option<Tensor>>;
 
     /// [`Layer::build`] for the per-sample shapes of all the layer's inputs in
