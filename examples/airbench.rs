@@ -257,16 +257,16 @@ fn airbench_model(seed: u64, total_steps: u64) -> Result<Model> {
 }
 
 /// BatchNorm biases at 64x the rate and 1/64 the decay; the whitening conv's
-/// kernel never trained, its bias too once `whiten_bias_frozen`.
-fn groups(whiten_bias_frozen: bool) -> Vec<ParamGroup> {
+/// kernel never trained while its bias trains (once `whiten_frozen`, the
+/// whole conv is frozen, and no group may name it).
+fn groups(whiten_frozen: bool) -> Vec<ParamGroup> {
     let mut groups = vec![
         ParamGroup::kind("BatchNorm", Some("beta"))
             .lr_scale(BIAS_SCALER)
             .decay_scale(1.0 / BIAS_SCALER),
-        ParamGroup::layer(0, Some("kernel")).lr_scale(0.0),
     ];
-    if whiten_bias_frozen {
-        groups.push(ParamGroup::layer(0, Some("bias")).lr_scale(0.0));
+    if !whiten_frozen {
+        groups.push(ParamGroup::layer(0, Some("kernel")).lr_scale(0.0));
     }
     groups
 }
@@ -314,7 +314,13 @@ fn main() -> Result<()> {
     let (mut train_seconds, start) = (0.0, Instant::now());
     for epoch in 0..args.epochs {
         if epoch == WHITEN_BIAS_EPOCHS {
+            // The whitening bias stops too: the conv freezes whole, and
+            // neither its backward nor the next conv's input gradient runs
+            // again. (airbench's lookahead still averages the frozen bias,
+            // which moves it once more; aether's averages trained
+            // parameters only.)
             model.set_param_groups(groups(true))?;
+            model.set_trainable(0, false)?;
         }
         let middle = (epoch as u64 * steps_per_epoch + steps_per_epoch / 2) as f32;
         let decay = 0.95f32.powi(5) * (middle / total_steps as f32).powi(3);

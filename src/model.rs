@@ -24,7 +24,7 @@ use crate::ops::loss::{
 };
 use crate::optim::{
     Adam, Lookahead, LossScale, LossScaler, Optimizer, OptimizerState, Param, ParamGroup, Schedule,
-    Sgd, regularization_loss,
+    Sgd, StateByLayer, regularization_loss,
 };
 use crate::progress::Progress;
 use crate::tensor::{DType, Tensor};
@@ -341,6 +341,14 @@ pub struct Model {
     groups: Vec<ParamGroup>,
     /// Layers whose parameters the optimizer does not update.
     frozen: Vec<usize>,
+    /// Per layer, how many parameters the last step gave the optimizer (0
+    /// for a frozen layer): how its state splits by layer.
+    param_counts: Vec<usize>,
+    /// The optimizer's state by layer since the trained layers last
+    /// changed: laid out by the next step (`relayout`), then the frozen
+    /// layers' alone, kept until they train again.
+    state_by_layer: StateByLayer,
+    relayout: bool,
     /// Sets the optimizer's learning rate before each step.
     schedule: Option<Box<dyn Schedule>>,
     /// Pulls the weights to their moving average every few steps.
@@ -500,6 +508,9 @@ impl Model {
             restored_scale: None,
             groups: Vec::new(),
             frozen: Vec::new(),
+            param_counts: Vec::new(),
+            state_by_layer: StateByLayer::default(),
+            relayout: false,
             schedule: None,
             lookahead: None,
             device: Device::Cpu,
@@ -614,6 +625,9 @@ impl Model {
     ) -> &mut Self {
         self.loss = Some(loss);
         self.optimizer = Some(optimizer.into());
+        // Frozen layers' state was the old optimizer's.
+        self.state_by_layer = StateByLayer::default();
+        self.relayout = false;
         self
     }
 
@@ -660,7 +674,12 @@ impl Model {
     /// backbone runs the head's backward alone); a frozen layer between
     /// trained ones still passes the gradient through, computing its own
     /// parameters' gradients on the way, which the optimizer ignores.
-    /// The parameter set changes, so the optimizer's state starts afresh.
+    /// The optimizer's state (moments, step count, lookahead average) and
+    /// the loss scale carry over: the layers that keep training keep
+    /// theirs, a frozen layer's waits until it trains again, and a layer
+    /// that never trained starts afresh. Before the first step (or the
+    /// first after [`Model::to`]) there is none to carry, and a
+    /// checkpoint's state not yet laid out by a step is dropped.
     /// A parameter group naming the layer is
     /// [`AetherError::FrozenParameter`].
     pub fn set_trainable(&mut self, index: usize, trainable: bool) -> Result<&mut Self> {
@@ -677,8 +696,8 @@ impl Model {
         }
         check_frozen(&self.groups, &frozen, &self.layers)?;
         if frozen != self.frozen {
+            self.split_optimizer_state()?;
             self.frozen = frozen;
-            self.forget_optimizer_state();
             // The backward's input gradients changed with it.
             self.convs_planned.clear();
         }
@@ -1011,7 +1030,33 @@ impl Model {
     /// Drops the optimizer's moments and packed buffers (keeping its
     /// hyperparameters) and the layers' gradient destinations in them: the
     /// next step starts a fresh optimizer state for the parameters as they are.
+    /// Splits the optimizer's state by layer for the next step to lay out
+    /// again ([`Model::set_trainable`]); the layers then write their
+    /// gradients into tensors of their own until it hands out new views.
+    fn split_optimizer_state(&mut self) -> Result<()> {
+        if let Some(opt) = &mut self.optimizer
+            && opt.core().packed.is_some()
+            && !self.relayout
+            && self.param_counts.len() == self.layers.len()
+            && let Some(state) = opt.state()?
+        {
+            let lookahead = opt.lookahead_state()?;
+            self.state_by_layer
+                .take(state, lookahead, &self.param_counts);
+            self.relayout = true;
+        }
+        for layer in &mut self.layers {
+            layer.set_grad_outputs(Vec::new());
+        }
+        if let Some(opt) = &mut self.optimizer {
+            opt.forget_state();
+        }
+        Ok(())
+    }
+
     fn forget_optimizer_state(&mut self) {
+        self.state_by_layer = StateByLayer::default();
+        self.relayout = false;
         for layer in &mut self.layers {
             layer.set_grad_outputs(Vec::new());
         }
@@ -1479,6 +1524,15 @@ impl Model {
             counts.push(mine.len());
             trainables.extend(mine);
         }
+        if self.relayout {
+            // The trained layers changed: each takes its own state back.
+            let (state, average) = self.state_by_layer.give(&counts);
+            optimizer.set_state(state)?;
+            if self.lookahead.is_some() {
+                optimizer.set_lookahead_state(average)?;
+            }
+            self.relayout = false;
+        }
         optimizer.track_lookahead(self.lookahead.is_some());
         optimizer.step_scaled(&mut trainables, Some(&loss), self.scaler.as_mut())?;
         if let Some(lookahead) = self.lookahead
@@ -1510,6 +1564,7 @@ impl Model {
         for layer in &mut self.layers {
             layer.end_step();
         }
+        self.param_counts = counts;
         self.step += 1;
         Ok((loss, correct))
     }

@@ -146,7 +146,7 @@ test_device!(a_frozen_layer_keeps_its_parameters, |device: &Device| {
             assert_ne!(a, b, "{name} trains");
         }
     }
-    // Unfrozen, it trains again (a fresh optimizer state).
+    // Unfrozen, it trains again.
     model.set_trainable(0, true).unwrap();
     model.train_batch(&x, &y).unwrap();
     assert_ne!(values(&model)[0], after[0]);
@@ -378,3 +378,62 @@ test_device!(
         );
     }
 );
+
+test_device!(freezing_keeps_the_optimizer_state, |device: &Device| {
+    let mut rng = Rng::fresh();
+    let x = rng.vec(4 * 5 * 5 * 2);
+    let y = vec![0, 1, 2, 2];
+    let with_momentum = || {
+        let mut model = model(device);
+        model.configure(
+            Loss::SoftmaxCrossEntropy {
+                label_smoothing: 0.0,
+            },
+            Sgd::new(LR).momentum(0.9).weight_decay(WD),
+            Metric::CategoricalAccuracy,
+        );
+        model
+    };
+    let (mut frozen, mut still) = (with_momentum(), with_momentum());
+    for model in [&mut frozen, &mut still] {
+        for _ in 0..2 {
+            model.train_batch(&x, &y).unwrap();
+        }
+    }
+    let momentum = |model: &Model| {
+        let state = model.optimizer().unwrap().state().unwrap().unwrap();
+        state.buffers[0].1.clone()
+    };
+    let parked = momentum(&frozen);
+    // The conv frozen against its updates at zero: the other layers keep
+    // their momentum through the freeze, so they take the same steps.
+    frozen.set_trainable(0, false).unwrap();
+    still
+        .set_param_groups(vec![ParamGroup::layer(0, None).lr_scale(0.0)])
+        .unwrap();
+    for model in [&mut frozen, &mut still] {
+        for _ in 0..2 {
+            model.train_batch(&x, &y).unwrap();
+        }
+    }
+    assert_eq!(values(&frozen), values(&still));
+    // Thawed, the conv's momentum is the one it had at the freeze, moved by
+    // this step's gradient: 0.9 * b + g + wd * w.
+    frozen.set_trainable(0, true).unwrap();
+    let grads = frozen.gradients(&x, &y).unwrap();
+    let weights = values(&frozen);
+    frozen.train_batch(&x, &y).unwrap();
+    let after = momentum(&frozen);
+    for (k, name) in ["layers.0.kernel", "layers.0.bias"].iter().enumerate() {
+        let g = &grads.tensors.iter().find(|(n, _)| n == name).unwrap().1;
+        let w = &weights.iter().find(|(n, _)| n == name).unwrap().1;
+        let (mut diff, mut norm) = (0.0f64, 0.0f64);
+        for (((&b, &g), &w), &got) in parked[k].iter().zip(g).zip(w).zip(&after[k]) {
+            let want = 0.9 * f64::from(b) + f64::from(g) + f64::from(WD) * f64::from(w);
+            diff += (f64::from(got) - want).powi(2);
+            norm += want * want;
+        }
+        let err = (diff / norm).sqrt();
+        assert!(err < 1e-5, "{name}: momentum off by {err:e}");
+    }
+});

@@ -10,7 +10,7 @@
 //! statistics).
 
 use super::Param;
-use super::packed::{GATE_OPEN, Packed, WORKGROUP, copy_into, gpu_buf, pipeline};
+use super::packed::{GATE_OPEN, Packed, WORKGROUP, copy_into, fresh_or_same, gpu_buf, pipeline};
 use crate::device::Device;
 use crate::error::{AetherError, Result, check_hyperparameter};
 use crate::gpu::flat_grid;
@@ -54,7 +54,8 @@ impl Lookahead {
 }
 
 /// Makes `packed`'s average from `restored` (a checkpoint's, per parameter,
-/// sizes checked) or else from `params` as they are (before the step).
+/// sizes checked; an empty vector: that parameter's weights) or else from
+/// `params` as they are (before the step).
 pub(crate) fn start(
     packed: &mut Packed,
     params: &[Param],
@@ -64,7 +65,7 @@ pub(crate) fn start(
     let total = packed.total();
     if let Some(r) = &restored {
         let saved: Vec<usize> = r.iter().map(Vec::len).collect();
-        if saved != packed.lengths {
+        if !fresh_or_same(&saved, &packed.lengths) {
             return Err(AetherError::ShapeMismatch {
                 op: "lookahead (parameter sizes of the restored average)",
                 expected: saved,
@@ -75,8 +76,8 @@ pub(crate) fn start(
     let mut flat = vec![0.0; total];
     for (k, (p, &at)) in params.iter().zip(&packed.offsets).enumerate() {
         let values = match &restored {
-            Some(r) => r[k].clone(),
-            None => p.value.to_vec_f32()?,
+            Some(r) if !r[k].is_empty() => r[k].clone(),
+            _ => p.value.to_vec_f32()?,
         };
         flat[at..at + values.len()].copy_from_slice(&values);
     }

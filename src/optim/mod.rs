@@ -50,6 +50,7 @@
 //! ```
 
 mod adam;
+mod by_layer;
 mod ema;
 mod groups;
 mod packed;
@@ -59,6 +60,7 @@ mod schedule;
 mod sgd;
 
 pub use adam::Adam;
+pub(crate) use by_layer::StateByLayer;
 pub use ema::Lookahead;
 pub use groups::{ParamGroup, Select};
 pub use regularization::regularization_loss;
@@ -123,7 +125,7 @@ impl<'a> Param<'a> {
 /// What an optimizer carries from step to step, as a checkpoint saves it:
 /// the step count and each per-element state buffer by name (Adam: `m` and
 /// `v`; SGD with momentum: `momentum`), one vector per parameter in the order
-/// the steps take the parameters.
+/// the steps take the parameters (an empty one: that parameter starts afresh).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OptimizerState {
     pub steps: u32,

@@ -152,10 +152,16 @@ pub(crate) fn check_params(
     Ok(Some(device))
 }
 
+/// Whether restored per-parameter `saved` lengths fit parameters of
+/// `lengths`: one each, of its size or empty (a parameter starting afresh).
+pub(crate) fn fresh_or_same(saved: &[usize], lengths: &[usize]) -> bool {
+    saved.len() == lengths.len() && saved.iter().zip(lengths).all(|(&s, &l)| s == 0 || s == l)
+}
+
 impl Packed {
     /// The layout of `params` on `device`, with `buffers` per-element state
-    /// buffers taken from `restored` (checked against the parameters' sizes)
-    /// or zeros.
+    /// buffers taken from `restored` (checked against the parameters' sizes;
+    /// an empty vector: that parameter's state starts at zero) or zeros.
     pub fn new(
         op: &'static str,
         params: &[Param],
@@ -192,7 +198,7 @@ impl Packed {
         if let Some(r) = restored {
             for (k, (_, per_param)) in r.buffers.iter().enumerate() {
                 let saved: Vec<usize> = per_param.iter().map(Vec::len).collect();
-                if saved != lengths || k >= buffers {
+                if !fresh_or_same(&saved, &lengths) || k >= buffers {
                     return Err(AetherError::ShapeMismatch {
                         op,
                         expected: saved,
