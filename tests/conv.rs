@@ -7,7 +7,8 @@
 //! shapes whose blocks lie wholly inside C (stored straight from the coop
 //! core's accumulators, with the 16-subgroup block of wide forwards), and
 //! stride-1 shapes that the halo kernels of each direction must run on the
-//! coop variants.
+//! coop variants, and few-channel shapes the forward's direct kernel must run
+//! on every GPU variant.
 //!
 //! Bounds (norm-relative): f32 operands 1e-5; f16 operands 5e-3.
 
@@ -110,6 +111,10 @@ test_device!(
                 };
                 let y = conv2d_forward(&xt, &wt, &bt, &case.params, &plans).unwrap();
                 assert_eq!(y.dims(), meta.output_dims());
+                if case.name.contains("direct kernel") && device.gpu_context().is_some() {
+                    let direct = ran(ConvDirection::Forward, |_, p| p.direct.is_some());
+                    assert!(direct, "forward {ctx}: the direct kernel did not run");
+                }
                 if case.name.contains("wide block") && coop {
                     let ran_wide = ran(ConvDirection::Forward, |_, p| runs_wide_block(p));
                     assert!(ran_wide, "forward {ctx}: not the wide block");

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use super::forward::direct::DirectForward;
 use super::forward::halo::{HaloBlock, Narrow, forward_pin, warn_pin_declined};
 use super::gemm::ConvKernel;
 use super::gemm::coop::CoopBlock;
@@ -80,6 +81,8 @@ pub struct ConvLaunchPlan {
     pub halo: Option<HaloBlock>,
     /// dweight's halo kernel, which then runs instead of the coop core.
     pub dweight_halo: Option<DWeightHalo>,
+    /// The forward's direct kernel, which then runs instead of a GEMM core.
+    pub direct: Option<DirectForward>,
     /// Number of independent slices of the reduction (dweight only; 1 elsewhere).
     pub split_k: u32,
 }
@@ -354,12 +357,22 @@ impl ConvLaunchPlan {
             coop,
             halo: None,
             dweight_halo: None,
+            direct: None,
             split_k: 1,
         })
     }
 
-    /// The variant's name, with "+halo" where a halo kernel runs.
+    /// The variant's name, with "+halo" where a halo kernel runs, "+direct"
+    /// where the forward's direct kernel does.
     pub fn kernel_name(&self) -> &'static str {
+        if self.direct.is_some() {
+            return match self.variant {
+                ConvVariant::Coop { tile: 16 } => "coop16+direct",
+                ConvVariant::Coop { .. } => "coop8+direct",
+                ConvVariant::PortableF16 => "portable_f16+direct",
+                ConvVariant::PortableF32 => "portable_f32+direct",
+            };
+        }
         let halo = self.halo.is_some() || self.dweight_halo.is_some();
         match (halo, self.variant) {
             (true, ConvVariant::Coop { tile: 16 }) => "coop16+halo",
@@ -392,6 +405,24 @@ impl ConvLaunchPlan {
                 warn_pin_declined(forward_pin(tuning), &kernel, meta, &why);
                 self
             }
+        }
+    }
+
+    /// This plan with the forward's direct kernel where it fits `meta`
+    /// (any variant), else unchanged.
+    pub(crate) fn with_direct(
+        self,
+        meta: &ConvShapeMeta,
+        caps: &GpuCapabilities,
+        tuning: &ConvTuning,
+    ) -> Self {
+        match DirectForward::fit(meta, caps, tuning) {
+            Ok(direct) => Self {
+                direct: Some(direct),
+                workgroups: direct.grid(meta, caps.limits.max_compute_workgroups_per_dimension),
+                ..self
+            },
+            Err(_) => self,
         }
     }
 

@@ -25,6 +25,7 @@ use super::dinput::halo::DINPUT_HALO_ENV;
 use super::dweight::halo::DWEIGHT_HALO_ENV;
 use super::dweight::{SPLIT_ENV, conv2d_dweight};
 use super::forward::conv2d_forward;
+use super::forward::direct::DIRECT_ENV;
 use super::forward::halo::{GROUPS_ENV, HALO_ENV, STACK_ENV};
 use super::gemm::coop::BLOCK_ENV;
 use super::plan::{ConvDirection, ConvLaunchPlan, ConvPlans};
@@ -86,6 +87,15 @@ pub fn candidates(direction: ConvDirection) -> Vec<ConvTuning> {
     list.extend(more.iter().map(|pairs| tuning(pairs)));
     for block in BLOCKS {
         list.push(tuning(&[(halo_off, "0"), (BLOCK_ENV, block)]));
+    }
+    if direction == ConvDirection::Forward {
+        // The rule takes the direct kernel wherever it fits: the others
+        // time the GEMM cores against it.
+        for other in &mut list[1..] {
+            *other = std::mem::take(other)
+                .set(DIRECT_ENV, "0")
+                .expect("a tuning variable");
+        }
     }
     list
 }

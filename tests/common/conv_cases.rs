@@ -237,9 +237,44 @@ pub fn cases(turns_images: usize) -> Vec<Case> {
             params: p(16, (1, 1), (2, 2), Padding::Valid, (1, 1)),
         },
         Case {
-            name: "3x3 dilation 2, runs on the weights and dy only",
+            name: "3x3 dilation 2, runs on the weights and dy only, direct kernel",
             input: [2, 6, 7, 3],
             params: p(16, (3, 3), (1, 1), Padding::Same, (2, 2)),
+        },
+        // The forward's direct kernel (few input channels, at most 32 values
+        // a position): a first conv's 3 channels, airbench's 2x2 whitening
+        // conv to 24, one channel under a 5x5 filter at stride (1, 2), two
+        // under asymmetric padding; positions ending mid-workgroup.
+        Case {
+            name: "3x3 same, 3 channels in, direct kernel",
+            input: [5, 7, 9, 3],
+            params: p(12, (3, 3), (1, 1), Padding::Same, (1, 1)),
+        },
+        Case {
+            name: "2x2 valid, 3 channels in, 24 out, direct kernel",
+            input: [3, 9, 9, 3],
+            params: p(24, (2, 2), (1, 1), Padding::Valid, (1, 1)),
+        },
+        Case {
+            name: "5x5 stride (1,2), 1 channel in, direct kernel",
+            input: [3, 9, 10, 1],
+            params: p(4, (5, 5), (1, 2), Padding::Same, (1, 1)),
+        },
+        Case {
+            name: "3x3 explicit, 2 channels in, direct kernel",
+            input: [2, 8, 7, 2],
+            params: p(
+                8,
+                (3, 3),
+                (2, 2),
+                Padding::Explicit {
+                    top: 2,
+                    bottom: 0,
+                    left: 0,
+                    right: 1,
+                },
+                (1, 1),
+            ),
         },
     ]
 }

@@ -1,6 +1,9 @@
 //! Forward convolution: `Out[M, C_out] = im2col(X)[M, K] x W[K, C_out] + bias`.
 
-// The halo kernel of stride-1 convs: public for the tests and benches.
+// The direct kernel of convs over few input channels, and the halo kernel
+// of stride-1 convs: public for the tests and benches.
+#[doc(hidden)]
+pub mod direct;
 #[doc(hidden)]
 pub mod halo;
 
@@ -102,8 +105,9 @@ pub fn conv2d_forward(
 
 /// The forward's plan for `meta` with operands of these types, made (and its
 /// pipeline compiled) on first use with `tuning` (`None`: the context's, see
-/// [`ConvPlans::get_or_plan`]): the halo kernel where it fits and compiles,
-/// else the first GEMM-core variant that does.
+/// [`ConvPlans::get_or_plan`]): the direct kernel where it fits (a first
+/// conv's few input channels) and compiles, else the halo kernel where it
+/// does, else the first GEMM-core variant that does.
 pub(crate) fn plan_forward(
     ctx: &GpuContext,
     plans: &ConvPlans,
@@ -125,15 +129,19 @@ pub(crate) fn plan_forward(
                 (&KERNEL, meta),
                 tuning,
             )?;
-            // Should the halo kernel fail to compile (the pipeline cache has
-            // warned), the coop GEMM core.
-            let halo = gemm.with_halo(meta, ctx.caps(), tuning, Narrow::FORWARD);
-            let compiles = || {
+            // Should the direct or halo kernel fail to compile (the pipeline
+            // cache has warned), the GEMM core.
+            let compiles = |plan: &ConvLaunchPlan| {
                 KERNEL
-                    .pipeline_for_inputs(ctx, &halo, meta, &x_f32)
+                    .pipeline_for_inputs(ctx, plan, meta, &x_f32)
                     .is_some()
             };
-            Ok(if halo != gemm && compiles() {
+            let direct = gemm.with_direct(meta, ctx.caps(), tuning);
+            if direct != gemm && compiles(&direct) {
+                return Ok(direct);
+            }
+            let halo = gemm.with_halo(meta, ctx.caps(), tuning, Narrow::FORWARD);
+            Ok(if halo != gemm && compiles(&halo) {
                 halo
             } else {
                 gemm

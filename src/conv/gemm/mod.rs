@@ -195,6 +195,10 @@ impl ConvKernel {
         }
         let subgroup = ctx.caps().subgroup_size.map_or(0, |(_, max)| max);
         let (fits, direct_c) = match (&self.gemm, plan.coop) {
+            (Some(_), _) if let Some(direct) = plan.direct => {
+                key.source_constants.extend(direct.constants());
+                ([false; 2], None)
+            }
             (Some(runs), Some(_)) if let Some(halo) = plan.halo => {
                 key.source_constants.push(("HALO", 1));
                 key.source_constants.extend(halo.constants(subgroup));
@@ -240,6 +244,7 @@ impl ConvKernel {
                 parts.push(&readers);
                 parts.extend(self.parts);
                 core = match (plan.halo, plan.dweight_halo, plan.coop) {
+                    _ if let Some(direct) = plan.direct => Cow::Owned(direct.core_source()),
                     (Some(halo), _, _) => {
                         let bias = runs.direct_c.as_ref().and_then(|direct| direct.bias);
                         Cow::Owned(halo.core_source(FORWARD_HALO, subgroup, bias))
