@@ -7,8 +7,8 @@
 //! shapes whose blocks lie wholly inside C (stored straight from the coop
 //! core's accumulators, with the 16-subgroup block of wide forwards), and
 //! stride-1 shapes that the halo kernels of each direction must run on the
-//! coop variants, and few-channel shapes the forward's direct kernel must run
-//! on every GPU variant.
+//! coop variants, and few-channel shapes the direct kernels (forward and
+//! dweight) must run on every GPU variant.
 //!
 //! Bounds (norm-relative): f32 operands 1e-5; f16 operands 5e-3.
 
@@ -150,6 +150,10 @@ test_device!(
                 if case.name.contains("dweight") && coop {
                     let halo = ran(ConvDirection::DWeight, |_, p| p.dweight_halo.is_some());
                     assert!(halo, "dweight {ctx}: the halo kernel did not run");
+                }
+                if case.name.contains("direct kernel") && device.gpu_context().is_some() {
+                    let direct = ran(ConvDirection::DWeight, |_, p| p.direct.is_some());
+                    assert!(direct, "dweight {ctx}: the direct kernel did not run");
                 }
                 let err = norm_rel_error(&dw.to_vec_f32().unwrap(), &want_dw);
                 assert!(err <= bound, "dweight {ctx}: error {err:e} > {bound:e}");

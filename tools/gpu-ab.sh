@@ -3,7 +3,7 @@
 #
 #   bash tools/gpu-ab.sh BASE [HEAD]     # HEAD defaults to the working tree
 #
-# Builds `cifar10_breakdown` and `conv_passes` of BASE and HEAD (git worktrees
+# Builds `cifar10_breakdown`, `conv_passes` and `airbench` of BASE and HEAD (git worktrees
 # building into target/ab, which keeps their dependencies between runs: a
 # shared target dir would let one tree's build overwrite the other's examples
 # under names cargo still thinks fresh), strips them into the git-ignored .gpu-pack/{base,head}/, and writes
@@ -23,11 +23,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 base=${1:?usage: bash tools/gpu-ab.sh BASE [HEAD]}
 head=${2:-}
-examples=(--example cifar10_breakdown --example conv_passes)
+examples=(--example cifar10_breakdown --example conv_passes --example airbench)
 pack() { # dir target tree: copy the examples just built in target
     mkdir -p ".gpu-pack/$1"
-    cp "$2"/release/examples/{cifar10_breakdown,conv_passes} ".gpu-pack/$1/"
-    strip ".gpu-pack/$1"/{cifar10_breakdown,conv_passes}
+    cp "$2"/release/examples/{cifar10_breakdown,conv_passes,airbench} ".gpu-pack/$1/"
+    strip ".gpu-pack/$1"/{cifar10_breakdown,conv_passes,airbench}
     git -C "$3" rev-parse --short HEAD >".gpu-pack/$1/REV"
 }
 rm -rf .gpu-pack && mkdir -p .gpu-pack
@@ -82,6 +82,12 @@ for b in base head; do
         --parts >"$R/passes-$b.txt" 2>&1
     echo "passes $b: $(grep -h 'all convs' "$R/passes-$b.txt" | head -1)"
 done
+# airbench's recipe (examples/airbench, synthetic data), each build once.
+for b in base head; do
+    timeout 120 ".gpu-pack/$b/airbench" --device gpu >"$R/airbench-$b.txt" 2>&1
+    echo "airbench $b: $(tail -1 "$R/airbench-$b.txt")"
+done
+save
 # airbench94's convs (24-channel and 15-wide ones the rules fit least), head only.
 timeout 150 .gpu-pack/head/conv_passes --convs airbench94 --batch-size 1024 --repeats 20 \
     --parts >"$R/passes-airbench94-head.txt" 2>&1

@@ -19,6 +19,8 @@
 pub mod cast;
 mod cpu;
 pub mod dinput;
+#[doc(hidden)]
+pub mod direct;
 pub mod dweight;
 pub mod forward;
 // Block geometry and the coop core: public for the tests and benches.

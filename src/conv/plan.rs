@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::forward::direct::DirectForward;
+use super::direct::DirectConv;
 use super::forward::halo::{HaloBlock, Narrow, forward_pin, warn_pin_declined};
 use super::gemm::ConvKernel;
 use super::gemm::coop::CoopBlock;
@@ -81,8 +81,9 @@ pub struct ConvLaunchPlan {
     pub halo: Option<HaloBlock>,
     /// dweight's halo kernel, which then runs instead of the coop core.
     pub dweight_halo: Option<DWeightHalo>,
-    /// The forward's direct kernel, which then runs instead of a GEMM core.
-    pub direct: Option<DirectForward>,
+    /// The direct kernel (forward or dweight), which then runs instead of a
+    /// GEMM core.
+    pub direct: Option<DirectConv>,
     /// Number of independent slices of the reduction (dweight only; 1 elsewhere).
     pub split_k: u32,
 }
@@ -408,15 +409,15 @@ impl ConvLaunchPlan {
         }
     }
 
-    /// This plan with the forward's direct kernel where it fits `meta`
-    /// (any variant), else unchanged.
+    /// This forward plan with the direct kernel where it fits `meta` (any
+    /// variant), else unchanged.
     pub(crate) fn with_direct(
         self,
         meta: &ConvShapeMeta,
         caps: &GpuCapabilities,
         tuning: &ConvTuning,
     ) -> Self {
-        match DirectForward::fit(meta, caps, tuning) {
+        match DirectConv::fit(ConvDirection::Forward, meta, caps, tuning) {
             Ok(direct) => Self {
                 direct: Some(direct),
                 workgroups: direct.grid(meta, caps.limits.max_compute_workgroups_per_dimension),

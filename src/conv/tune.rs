@@ -22,10 +22,10 @@ use std::time::Instant;
 
 use super::dinput::conv2d_dinput;
 use super::dinput::halo::DINPUT_HALO_ENV;
+use super::direct::DIRECT_ENV;
 use super::dweight::halo::DWEIGHT_HALO_ENV;
 use super::dweight::{SPLIT_ENV, conv2d_dweight};
 use super::forward::conv2d_forward;
-use super::forward::direct::DIRECT_ENV;
 use super::forward::halo::{GROUPS_ENV, HALO_ENV, STACK_ENV};
 use super::gemm::coop::BLOCK_ENV;
 use super::plan::{ConvDirection, ConvLaunchPlan, ConvPlans};
@@ -88,9 +88,9 @@ pub fn candidates(direction: ConvDirection) -> Vec<ConvTuning> {
     for block in BLOCKS {
         list.push(tuning(&[(halo_off, "0"), (BLOCK_ENV, block)]));
     }
-    if direction == ConvDirection::Forward {
-        // The rule takes the direct kernel wherever it fits: the others
-        // time the GEMM cores against it.
+    if direction != ConvDirection::DInput {
+        // The rule takes a direct kernel wherever it fits: the others time
+        // the GEMM cores against it.
         for other in &mut list[1..] {
             *other = std::mem::take(other)
                 .set(DIRECT_ENV, "0")

@@ -7,9 +7,9 @@
 //! [`GpuOptions::from_env`]: crate::gpu::GpuOptions::from_env
 
 use crate::conv::dinput::halo::DINPUT_HALO_ENV;
+use crate::conv::direct::DIRECT_ENV;
 use crate::conv::dweight::SPLIT_ENV;
 use crate::conv::dweight::halo::DWEIGHT_HALO_ENV;
-use crate::conv::forward::direct::DIRECT_ENV;
 use crate::conv::forward::halo::{GROUPS_ENV, HALO_ENV, STACK_ENV, TAP_BUFFERS_ENV};
 use crate::conv::gemm::coop::BLOCK_ENV;
 use crate::error::{AetherError, Result};
@@ -52,7 +52,7 @@ impl ConvTuning {
             return Err(AetherError::InvalidEnv {
                 var: "conv tuning",
                 value: var.to_owned(),
-                expected: "one of AETHER_COOP_BLOCK, AETHER_FORWARD_DIRECT, AETHER_FORWARD_HALO, AETHER_HALO_GROUPS, \
+                expected: "one of AETHER_COOP_BLOCK, AETHER_CONV_DIRECT, AETHER_FORWARD_HALO, AETHER_HALO_GROUPS, \
                            AETHER_HALO_STACK, AETHER_HALO_TAP_BUFFERS, AETHER_DWEIGHT_HALO, \
                            AETHER_DWEIGHT_SPLIT, AETHER_DINPUT_HALO",
             });

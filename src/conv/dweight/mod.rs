@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use crate::conv::cast::conv_backward_cast_fp16;
 use crate::conv::cpu::{Mat, gemm, im2col_image, rows_per_image};
 use crate::conv::dinput::halo::{FLIP_PAIR, flipped_dims};
+use crate::conv::direct::{DIRECT_THREADS, DirectConv};
 use crate::conv::gemm::{ConvKernel, GEMM_RUN, GemmRuns, IM2COL};
 use crate::conv::operands::{
     accepts_dtype, buf, expect_dims, gpu_operand, host_values, same_device,
@@ -313,20 +314,59 @@ pub(crate) fn plan_dweight(
             }
             plan.workgroups[2] = split;
             plan.split_k = split;
-            // The halo kernel where it fits and compiles; should it fail to
-            // compile (the pipeline cache has warned), the coop GEMM core.
-            let halo = plan.with_dweight_halo(meta, ctx.caps(), tuning);
-            let compiles = || {
+            // The direct kernel where it fits and compiles, else the halo
+            // kernel where it does; should either fail to compile (the
+            // pipeline cache has warned), the GEMM core.
+            let compiles = |plan: &ConvLaunchPlan| {
                 KERNEL
-                    .pipeline_for_inputs(ctx, &halo, meta, &x_f32)
+                    .pipeline_for_inputs(ctx, plan, meta, &x_f32)
                     .is_some()
             };
-            Ok(if halo != plan && compiles() {
+            if let Some(direct) = with_direct(ctx, meta, plan, tuning)
+                && compiles(&direct)
+            {
+                return Ok(direct);
+            }
+            let halo = plan.with_dweight_halo(meta, ctx.caps(), tuning);
+            Ok(if halo != plan && compiles(&halo) {
                 halo
             } else {
                 plan
             })
         })
+    })
+}
+
+/// `plan` with the direct kernel where it fits `meta`: a slice of the
+/// reduction per workgroup, 4 workgroups a compute unit (or what
+/// [`SPLIT_ENV`] pins), and where the driver cuts loops short (lavapipe),
+/// enough slices that each invocation's loop stays under it.
+fn with_direct(
+    ctx: &GpuContext,
+    meta: &ConvShapeMeta,
+    plan: ConvLaunchPlan,
+    tuning: &ConvTuning,
+) -> Option<ConvLaunchPlan> {
+    let direct = DirectConv::fit(ConvDirection::DWeight, meta, ctx.caps(), tuning).ok()?;
+    let rows = direct.rows as usize;
+    let chunks = meta.m.div_ceil(rows) as u32;
+    let mut split = split_k(1, chunks, ctx.caps().estimated_compute_units(), tuning);
+    if let Some(limit) = ctx.caps().loop_iteration_limit() {
+        // Each invocation walks a chunk's rows for each of its outputs.
+        let outputs = (direct.k as usize + 1) * direct.groups as usize;
+        let per_position = outputs.div_ceil(DIRECT_THREADS) as u64 + 1;
+        let most = (limit / 2 / per_position).max(rows as u64);
+        split = split.max((meta.m as u64).div_ceil(most).min(u64::from(chunks)) as u32);
+    }
+    let slice_bytes = ((meta.k + 1) * meta.c_out * 4) as u64;
+    let max_split = (ctx.caps().limits.max_storage_buffer_binding_size / slice_bytes).max(1);
+    let split = split.min(max_split as u32);
+    Some(ConvLaunchPlan {
+        direct: Some(direct),
+        tile_k: direct.rows,
+        workgroups: [1, 1, split],
+        split_k: split,
+        ..plan
     })
 }
 

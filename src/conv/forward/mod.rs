@@ -1,9 +1,6 @@
 //! Forward convolution: `Out[M, C_out] = im2col(X)[M, K] x W[K, C_out] + bias`.
 
-// The direct kernel of convs over few input channels, and the halo kernel
-// of stride-1 convs: public for the tests and benches.
-#[doc(hidden)]
-pub mod direct;
+// The halo kernel of stride-1 convs: public for the tests and benches.
 #[doc(hidden)]
 pub mod halo;
 

@@ -1,0 +1,155 @@
+//! The direct kernels for convs over a few input channels: a network's first
+//! conv, whose 3 channels the GEMM cores gather one element at a time, and
+//! whose reduction (27 values for a 3x3 filter) fills a fraction of each of
+//! their steps. Plain multiply-adds of the variant's operands instead, four
+//! output channels an invocation: the forward
+//! (shaders/conv/forward/direct.wgsl) computes them for one position with the
+//! filter staged per workgroup; dweight (shaders/conv/dweight/direct.wgsl)
+//! sums them for one row of the partial sums over chunks of positions staged
+//! per workgroup, each workgroup a slice of the reduction, as the GEMM core's
+//! slices for the same reduce.
+
+use crate::conv::gemm::GEMM_RUN;
+use crate::conv::plan::ConvDirection;
+use crate::conv::shape::ConvShapeMeta;
+use crate::conv::tuning::ConvTuning;
+use crate::diagnostics::warn_once;
+use crate::gpu::{GpuCapabilities, flat_grid};
+
+/// Environment variable for comparison runs: `0` turns the direct kernels
+/// off (the GEMM cores run); any other value warns once and keeps them.
+pub const DIRECT_ENV: &str = "AETHER_CONV_DIRECT";
+
+/// The longest reduction of the forward (`R * S * C_in`) the direct kernels
+/// take: past it the multiply-adds outweigh what the GEMM cores lose to
+/// gathers and padding.
+pub const DIRECT_MAX_K: usize = 32;
+/// Output channels an invocation computes.
+const LANES: usize = 4;
+/// Invocations a workgroup (`DIRECT_THREADS` in both shaders).
+pub(crate) const DIRECT_THREADS: usize = 256;
+/// Workgroup memory the staged filter (forward) or chunk (dweight) may take.
+const STAGED_BYTES: usize = 16 * 1024;
+/// Positions a dweight chunk stages, at most and at least.
+const MAX_ROWS: usize = 64;
+const MIN_ROWS: usize = 8;
+
+const FORWARD: &str = include_str!("../../shaders/conv/forward/direct.wgsl");
+const DWEIGHT: &str = include_str!("../../shaders/conv/dweight/direct.wgsl");
+
+/// A direct kernel's geometry for one shape: the forward's reduction length,
+/// the output channel groups of one position, and (dweight) the positions a
+/// chunk stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DirectConv {
+    pub direction: ConvDirection,
+    pub k: u32,
+    pub groups: u32,
+    pub rows: u32,
+}
+
+impl DirectConv {
+    /// The direct kernel of `direction` (forward or dweight) for `meta`, or
+    /// why it declines: input channels that the GEMM cores load in runs, a
+    /// reduction over [`DIRECT_MAX_K`], output channels not in fours, staged
+    /// values over the workgroup memory they may take, or (forward) more
+    /// positions than the adapter's grid holds.
+    pub fn fit(
+        direction: ConvDirection,
+        meta: &ConvShapeMeta,
+        caps: &GpuCapabilities,
+        tuning: &ConvTuning,
+    ) -> Result<Self, String> {
+        match tuning.get(DIRECT_ENV).map(str::trim) {
+            Some("0") => return Err(format!("{DIRECT_ENV}=0")),
+            Some(other) => {
+                warn_once(
+                    &format!("direct-env:{other}"),
+                    &format!("{DIRECT_ENV}={other:?} is not 0 (off): the direct kernels stay on"),
+                );
+            }
+            None => {}
+        }
+        if meta.c_in.is_multiple_of(GEMM_RUN) {
+            return Err(format!(
+                "{} input channels load in runs of {GEMM_RUN}",
+                meta.c_in
+            ));
+        }
+        if meta.k > DIRECT_MAX_K {
+            return Err(format!("a reduction of {} (over {DIRECT_MAX_K})", meta.k));
+        }
+        if !meta.c_out.is_multiple_of(LANES) {
+            return Err(format!("{} output channels, not in fours", meta.c_out));
+        }
+        let room = STAGED_BYTES.min(caps.limits.max_compute_workgroup_storage_size as usize);
+        let groups = (meta.c_out / LANES) as u32;
+        let limit = caps.limits.max_compute_workgroups_per_dimension;
+        match direction {
+            ConvDirection::Forward => {
+                let bytes = meta.k * meta.c_out * 4;
+                if bytes > room {
+                    return Err(format!("a filter of {bytes} bytes (room for {room})"));
+                }
+                let block = Self {
+                    direction,
+                    k: meta.k as u32,
+                    groups,
+                    rows: 1,
+                };
+                let [_, rows, _] = block.grid(meta, limit);
+                if rows > limit {
+                    return Err(format!("{rows} rows of workgroups"));
+                }
+                Ok(block)
+            }
+            ConvDirection::DWeight => {
+                // A position's inputs and output gradient, as f32.
+                let per_row = (meta.k + meta.c_out) * 4;
+                let rows = (room / per_row).min(MAX_ROWS);
+                if rows < MIN_ROWS {
+                    return Err(format!(
+                        "{MIN_ROWS} positions of {per_row} bytes (room for {room})"
+                    ));
+                }
+                Ok(Self {
+                    direction,
+                    k: meta.k as u32,
+                    groups,
+                    rows: 1 << rows.ilog2(),
+                })
+            }
+            ConvDirection::DInput => Err("no direct kernel for dinput".into()),
+        }
+    }
+
+    /// The forward's workgroups: one invocation per position and channel
+    /// group, in rows of at most `limit` workgroups (the kernel numbers them
+    /// from `num_workgroups`).
+    pub fn grid(&self, meta: &ConvShapeMeta, limit: u32) -> [u32; 3] {
+        flat_grid(meta.m * self.groups as usize, DIRECT_THREADS as u32, limit).0
+    }
+
+    /// What the source is written with, for the pipeline key.
+    pub fn constants(&self) -> [(&'static str, u32); 3] {
+        [
+            ("DIRECT_K", self.k),
+            ("DIRECT_GROUPS", self.groups),
+            ("DIRECT_ROWS", self.rows),
+        ]
+    }
+
+    /// The direction's kernel, in place of a GEMM core after its parts.
+    pub fn core_source(&self) -> String {
+        let header: String = self
+            .constants()
+            .iter()
+            .map(|(name, value)| format!("const {name}: u32 = {value}u;\n"))
+            .collect();
+        let source = match self.direction {
+            ConvDirection::DWeight => DWEIGHT,
+            _ => FORWARD,
+        };
+        header + source
+    }
+}
