@@ -431,9 +431,10 @@ const PLANNED_BY_STORAGE_BUFFERS: &[&str] = &["batchnorm_backward_dx_flag"];
 
 /// Where kernels ask more of a limit than [`REQUIRED_LIMITS`] (each naming
 /// the kernel and the limit), and the most any kernel asks of each limit with
-/// the least value aether accepts. A cooperative-matrix or halo kernel's
-/// workgroup is planned within the device's limits, so only its bindings
-/// count here; likewise the storage buffers of [`PLANNED_BY_STORAGE_BUFFERS`].
+/// the least value aether accepts. A cooperative-matrix, halo or direct
+/// kernel's workgroup is planned within the device's limits, so only its
+/// bindings count here; likewise the storage buffers of
+/// [`PLANNED_BY_STORAGE_BUFFERS`].
 fn over_required(shaders: &[BuiltShader]) -> (Vec<String>, BTreeMap<&'static str, (u32, u32)>) {
     let mut failures = Vec::new();
     let mut most = BTreeMap::new();
@@ -442,7 +443,9 @@ fn over_required(shaders: &[BuiltShader]) -> (Vec<String>, BTreeMap<&'static str
             Ok(p) => p,
             Err(_) => continue, // reported by translate_all
         };
-        let adaptive = prepared.coop || shader.key.variant.contains("halo");
+        let adaptive = prepared.coop
+            || shader.key.variant.contains("halo")
+            || shader.key.variant.contains("direct");
         for (limit, need, least) in asked(&prepared.needs) {
             if adaptive && (limit.contains("workgroup") || limit.contains("invocations")) {
                 continue;
