@@ -14,8 +14,8 @@
 # There, base measures the conv plans once (AETHER_TUNE_CONVS=1) into one
 # cache dir that both builds then read, so the kernels differ and the plans do
 # not; per model the builds alternate ROUNDS times (pipelined ms/step with the
-# batch resident), then `conv_passes --parts` on ResNet-18's convs for each
-# (and airbench94's for head),
+# batch resident), then `conv_passes --parts` on ResNet-18's convs for each,
+# `airbench` (its recipe on synthetic data) for each, airbench94's convs for head,
 # then PyTorch's `benches/pytorch_models.py` where torch imports. Results go
 # into one $OUT/results.tgz, rewritten after each model, so a run cut short
 # still brings back what it measured (and stays under the file-count limit).
