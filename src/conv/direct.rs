@@ -24,6 +24,9 @@ pub const DIRECT_ENV: &str = "AETHER_CONV_DIRECT";
 /// take: past it the multiply-adds outweigh what the GEMM cores lose to
 /// gathers and padding.
 pub const DIRECT_MAX_K: usize = 32;
+/// The direct kernels' cost per multiply-add over the GEMM cores' per padded
+/// one, as a ratio: 5 / 2.
+const DIRECT_COST: [usize; 2] = [5, 2];
 /// Output channels an invocation computes.
 const LANES: usize = 4;
 /// Invocations a workgroup (`DIRECT_THREADS` in both shaders).
@@ -51,7 +54,8 @@ pub struct DirectConv {
 impl DirectConv {
     /// The direct kernel of `direction` (forward or dweight) for `meta`, or
     /// why it declines: input channels that the GEMM cores load in runs, a
-    /// reduction over [`DIRECT_MAX_K`], output channels not in fours, staged
+    /// reduction over [`DIRECT_MAX_K`], output channels not in fours, more
+    /// multiply-adds than the GEMM cores' padded ones would cost, staged
     /// values over the workgroup memory they may take, or (forward) more
     /// positions than the adapter's grid holds.
     pub fn fit(
@@ -81,6 +85,18 @@ impl DirectConv {
         }
         if !meta.c_out.is_multiple_of(LANES) {
             return Err(format!("{} output channels, not in fours", meta.c_out));
+        }
+        // Their multiply-adds (K x C_out a position) cost about 2.5 times the
+        // GEMM cores', which pad K to a 32-deep step and C_out to 16-wide
+        // tiles (run M9, an H100: a 2x2x3 -> 24 first conv ran 2.2x faster
+        // forward and 1.3x dweight, 3x3x3 -> 32 and -> 64 ones 1.6x and 2.1x
+        // slower forward).
+        let padded = meta.k.next_multiple_of(32) * meta.c_out.next_multiple_of(16);
+        if DIRECT_COST[0] * meta.k * meta.c_out >= DIRECT_COST[1] * padded {
+            return Err(format!(
+                "{} x {} multiply-adds a position against the GEMM core's {padded} padded",
+                meta.k, meta.c_out
+            ));
         }
         let room = STAGED_BYTES.min(caps.limits.max_compute_workgroup_storage_size as usize);
         let groups = (meta.c_out / LANES) as u32;

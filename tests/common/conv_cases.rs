@@ -237,17 +237,18 @@ pub fn cases(turns_images: usize) -> Vec<Case> {
             params: p(16, (1, 1), (2, 2), Padding::Valid, (1, 1)),
         },
         Case {
-            name: "3x3 dilation 2, runs on the weights and dy only, direct kernel",
+            name: "3x3 dilation 2, runs on the weights and dy only",
             input: [2, 6, 7, 3],
             params: p(16, (3, 3), (1, 1), Padding::Same, (2, 2)),
         },
-        // The forward's direct kernel (few input channels, at most 32 values
-        // a position): a first conv's 3 channels, airbench's 2x2 whitening
-        // conv to 24, one channel under a 5x5 filter at stride (1, 2), two
-        // under asymmetric padding; positions ending mid-workgroup.
+        // The direct kernels (few input channels, at most 32 values a
+        // position, fewer multiply-adds than the GEMM cores' padded ones): a
+        // grayscale first conv, airbench's 2x2 whitening conv to 24, one
+        // channel under a 5x5 filter at stride (1, 2), two under asymmetric
+        // padding; positions ending mid-workgroup.
         Case {
-            name: "3x3 same, 3 channels in, direct kernel",
-            input: [5, 7, 9, 3],
+            name: "3x3 same, 1 channel in, direct kernel",
+            input: [5, 7, 9, 1],
             params: p(12, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
         Case {
