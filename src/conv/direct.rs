@@ -169,3 +169,58 @@ impl DirectConv {
         header + source
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conv::forward::halo::tests::caps;
+    use crate::conv::shape::{ConvParams, Padding};
+
+    fn fit(
+        direction: ConvDirection,
+        input: [usize; 4],
+        params: ConvParams,
+    ) -> Result<DirectConv, String> {
+        let meta = ConvShapeMeta::new(input, &params).unwrap();
+        DirectConv::fit(direction, &meta, &caps(), &ConvTuning::default())
+    }
+
+    /// Run M9's first convs: airbench's 2x2x3 -> 24 ran faster direct, the
+    /// 3x3x3 -> 32 and -> 64 ones slower; the rule keeps the first alone.
+    #[test]
+    fn the_rule_takes_the_first_convs_that_ran_faster() {
+        let whitening = ConvParams::new(24, 2, Padding::Valid);
+        for direction in [ConvDirection::Forward, ConvDirection::DWeight] {
+            let taken = fit(direction, [1024, 32, 32, 3], whitening).unwrap();
+            assert_eq!((taken.k, taken.groups), (12, 6));
+            for c_out in [32, 64] {
+                let stem = ConvParams::new(c_out, 3, Padding::Same);
+                let why = fit(direction, [256, 32, 32, 3], stem).unwrap_err();
+                assert!(why.contains("multiply-adds"), "{why}");
+            }
+        }
+        // Eight input channels load in runs; a 4x4x3 filter's 48 values pass
+        // the longest reduction; 6 channels out are not in fours.
+        let eight = fit(
+            ConvDirection::Forward,
+            [8, 8, 8, 8],
+            ConvParams::new(8, 1, Padding::Same),
+        );
+        assert!(eight.unwrap_err().contains("runs"));
+        let long = fit(
+            ConvDirection::Forward,
+            [8, 8, 8, 3],
+            ConvParams::new(8, 4, Padding::Same),
+        );
+        assert!(long.unwrap_err().contains("reduction"));
+        let six = fit(
+            ConvDirection::Forward,
+            [8, 8, 8, 1],
+            ConvParams::new(6, 3, Padding::Same),
+        );
+        assert!(six.unwrap_err().contains("fours"));
+        let off = ConvTuning::default().set(DIRECT_ENV, "0").unwrap();
+        let meta = ConvShapeMeta::new([8, 8, 8, 3], &whitening).unwrap();
+        assert!(DirectConv::fit(ConvDirection::Forward, &meta, &caps(), &off).is_err());
+    }
+}
