@@ -1027,12 +1027,8 @@ impl Model {
         self.folded.get(i).copied().unwrap_or(false)
     }
 
-    /// Drops the optimizer's moments and packed buffers (keeping its
-    /// hyperparameters) and the layers' gradient destinations in them: the
-    /// next step starts a fresh optimizer state for the parameters as they are.
     /// Splits the optimizer's state by layer for the next step to lay out
-    /// again ([`Model::set_trainable`]); the layers then write their
-    /// gradients into tensors of their own until it hands out new views.
+    /// again ([`Model::set_trainable`]), then drops its packed buffers.
     fn split_optimizer_state(&mut self) -> Result<()> {
         if let Some(opt) = &mut self.optimizer
             && opt.core().packed.is_some()
@@ -1045,25 +1041,30 @@ impl Model {
                 .take(state, lookahead, &self.param_counts);
             self.relayout = true;
         }
-        for layer in &mut self.layers {
-            layer.set_grad_outputs(Vec::new());
-        }
-        if let Some(opt) = &mut self.optimizer {
-            opt.forget_state();
-        }
+        self.drop_packed_state();
         Ok(())
     }
 
+    /// Drops the optimizer's moments and packed buffers (keeping its
+    /// hyperparameters), the state kept by layer and the loss scaler: the
+    /// next step starts a fresh optimizer state for the parameters as they are.
     fn forget_optimizer_state(&mut self) {
         self.state_by_layer = StateByLayer::default();
         self.relayout = false;
+        self.drop_packed_state();
+        self.scaler = None;
+    }
+
+    /// Drops the optimizer's packed buffers and the layers' gradient
+    /// destinations in them: the layers write their gradients into tensors
+    /// of their own until the next step hands out new views.
+    fn drop_packed_state(&mut self) {
         for layer in &mut self.layers {
             layer.set_grad_outputs(Vec::new());
         }
         if let Some(opt) = &mut self.optimizer {
             opt.forget_state();
         }
-        self.scaler = None;
     }
 
     /// Moves every parameter and statistic to `device`.
@@ -1266,19 +1267,17 @@ impl Model {
         // Output gradients whose f16 saturation the reader that wrote them
         // flagged already (see `Layer::flag_input_grad_saturation`).
         let mut flagged = vec![false; n];
+        let needed = self.grads_needed();
         match self.resolve(NodeId::Layer(n.saturating_sub(1))) {
-            NodeId::Layer(out) if n > 0 => grads[out] = Some(grad),
+            // A model whose every layer is frozen runs no backward.
+            NodeId::Layer(out) if n > 0 && needed[out] => grads[out] = Some(grad),
             _ => return Ok(()),
         }
-        let needed = self.grads_needed();
         let wanted = |s: &NodeId| matches!(s, NodeId::Layer(j) if needed[*j]);
         for i in (0..n).rev() {
             let Some(dy) = grads[i].take() else {
                 continue;
             };
-            if !needed[i] {
-                continue;
-            }
             self.timing_scope(|| format!("{i} {} backward", self.layers[i].spec().kind()));
             let sources = self.sources(i);
             let need_dx = sources.iter().any(wanted);

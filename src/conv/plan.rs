@@ -364,7 +364,7 @@ impl ConvLaunchPlan {
     }
 
     /// The variant's name, with "+halo" where a halo kernel runs, "+direct"
-    /// where the forward's direct kernel does.
+    /// where a direct kernel does.
     pub fn kernel_name(&self) -> &'static str {
         if self.direct.is_some() {
             return match self.variant {

@@ -5,8 +5,9 @@
 // variant's). The GEMM cores would gather such an input one element at a time
 // and spend most of each reduction step on padding.
 //
-// Written in by the host (src/conv/forward/direct.rs): DIRECT_K (= R * S *
-// C_IN), DIRECT_GROUPS (= C_OUT / DIRECT_LANES, output channel groups a position).
+// Written in by the host (src/conv/direct.rs): DIRECT_K (= R * S * C_IN),
+// DIRECT_GROUPS (= C_OUT / DIRECT_LANES, output channel groups a position),
+// DIRECT_ROWS (unused here).
 
 const DIRECT_THREADS: u32 = 256u;
 const DIRECT_LANES: u32 = 4u;

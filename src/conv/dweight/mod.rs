@@ -293,10 +293,7 @@ pub(crate) fn plan_dweight(
                 ctx.caps().estimated_compute_units(),
                 tuning,
             );
-            // The partial sums must fit one storage binding.
-            let slice_bytes = (rows * meta.c_out * 4) as u64;
-            let max_split =
-                (ctx.caps().limits.max_storage_buffer_binding_size / slice_bytes).max(1);
+            let max_split = max_split(ctx.caps(), meta);
             split = split.min(max_split as u32);
             // Where the driver cuts loops short (lavapipe), enough slices
             // that each invocation's share of the reduction stays under it.
@@ -337,6 +334,13 @@ pub(crate) fn plan_dweight(
     })
 }
 
+/// The most slices whose partial sums (`K + 1` rows of `C_out` each) fit
+/// one storage binding.
+fn max_split(caps: &GpuCapabilities, meta: &ConvShapeMeta) -> u64 {
+    let slice_bytes = ((meta.k + 1) * meta.c_out * 4) as u64;
+    (caps.limits.max_storage_buffer_binding_size / slice_bytes).max(1)
+}
+
 /// `plan` with the direct kernel where it fits `meta`: a slice of the
 /// reduction per workgroup, 4 workgroups a compute unit (or what
 /// [`SPLIT_ENV`] pins), and where the driver cuts loops short (lavapipe),
@@ -358,9 +362,7 @@ fn with_direct(
         let most = (limit / 2 / per_position).max(rows as u64);
         split = split.max((meta.m as u64).div_ceil(most).min(u64::from(chunks)) as u32);
     }
-    let slice_bytes = ((meta.k + 1) * meta.c_out * 4) as u64;
-    let max_split = (ctx.caps().limits.max_storage_buffer_binding_size / slice_bytes).max(1);
-    let split = split.min(max_split as u32);
+    let split = split.min(max_split(ctx.caps(), meta) as u32);
     Some(ConvLaunchPlan {
         direct: Some(direct),
         tile_k: direct.rows,
