@@ -71,6 +71,15 @@ fn pins() -> Vec<Pin> {
             direction: ConvDirection::Forward,
             ran: |p| p.halo.is_some_and(|b| b.images == b.tile && b.rows == 2),
         },
+        // 16 input channels a stage of 24: the second stage holds 8 zeros
+        // past them (a ragged block, at tiles 8 and 16).
+        Pin {
+            vars: &[(HALO_ENV, "128x2x3x8x1x16")],
+            input: [2, 16, 16, 24],
+            c_out: 32,
+            direction: ConvDirection::Forward,
+            ran: |p| p.halo.is_some_and(|b| b.pad_channels && b.halo[0] == 16),
+        },
         // One buffer of taps (two barriers a step) where the rule's block has
         // room for two: the rule takes two wherever they fit.
         Pin {

@@ -11,13 +11,21 @@
 //
 // A block is BH x BW output positions by BN output channels: whole T-wide
 // runs of one image's rows, or, where the width is no multiple of T, whole
-// rows of TILES_W tiles, the last overlapping the one before it. A workgroup
+// rows of TILES_W tiles, the last overlapping the one before it. Where BH
+// does not divide the height, the last block row overlaps the one before it
+// too; where C_OUT is no multiple of BN (CLAMP_C), a channel tile that would
+// leave the output overlaps the one before it; where the tiles of a block
+// do not split evenly over the subgroups, the subgroups past the last tile
+// repeat it. Overlapping tiles compute their common outputs alike and both
+// store them, so no store leaves the output and none needs a predicate
+// (naga wants matrix stores in uniform control flow). A workgroup
 // takes blocks wid.x, wid.x + groups.x, ... in turn (the host launches about
 // 2 per compute unit where it knows their count, else one per block), so the
 // next block's first halo loads while the last step of the one before
 // multiplies, and its accumulators go out between the two. Per block and
 // chunk of HALO_C input channels it stages the halo, (BH + R - 1) x
-// (BW + S - 1) pixels of the chunk's channels (zeros in the padding); then per
+// (BW + S - 1) pixels of the chunk's channels (zeros in the padding, and past
+// C_IN where the host rounds the staged channels up to the tile, PAD_C); then per
 // step of TPS filter taps the TPS * HALO_C x BN slice of the weights ("taps"),
 // into one buffer or, where the host finds room (TAP_BUFFERS = 2), two that
 // steps take in turn.
@@ -39,8 +47,9 @@
 // covers along a row, is then 1) and blocks are IMAGES images of whole rows.
 //
 // Written in by the host (src/conv/forward/halo.rs): T, SUBGROUP, SG_M, SG_N, PT, CT,
-// BH, BW, TILES_W, TPS, the staged sizes HALO_C (a divisor of C_IN), HALO_H,
-// HALO_W and TAP_ROWS (= TPS * HALO_C), IMAGES, TAP_BUFFERS, and the pieces
+// BH, BW, TILES_W, TPS, the staged sizes HALO_C (a divisor of C_IN, or C_IN
+// rounded up to the tile), HALO_H, HALO_W and TAP_ROWS (= TPS * HALO_C),
+// IMAGES, TAP_BUFFERS, PAD_C, CLAMP_C, and the pieces
 // marked `// generated:` (declaring, multiplying and storing the PT x CT
 // accumulators, which WGSL cannot hold in an indexable array). The operand
 // readers `x_run` / `w_run` come from the conv kernel (src/conv/gemm/mod.rs),
@@ -48,6 +57,9 @@
 
 const BN: u32 = SG_N * CT * T;
 const TW: u32 = T / IMAGES;
+// Position tiles of a block; where SG_M * PT is more, the subgroups past the
+// last tile repeat it.
+const TILES: u32 = BH * TILES_W;
 const THREADS: u32 = SG_M * SG_N * SUBGROUP;
 // Pixel and tap-row strides in vec4<f16>, the unit the matrix loads count
 // strides in: the channels plus 8 halves of padding.
@@ -70,9 +82,10 @@ fn fetch_halo(regs: ptr<function, array<Run, HALO_SLOTS>>, n: u32, ih0: i32, iw0
         let g = lidx + s * THREADS;
         let pixel = g / (HALO_C / 8u) / IMAGES;
         let image = g / (HALO_C / 8u) % IMAGES;
+        let c = cc + (g % (HALO_C / 8u)) * 8u;
         var run = Run();
-        if (g < HALO_RUNS) {
-            run = x_pixel_run(n + image, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), cc + (g % (HALO_C / 8u)) * 8u);
+        if (g < HALO_RUNS && (!PAD_C || c < C_IN)) {
+            run = x_pixel_run(n + image, ih0 + i32(pixel / HALO_W), iw0 + i32(pixel % HALO_W), c);
         }
         (*regs)[s] = run;
     }
@@ -89,16 +102,31 @@ fn stage_halo(regs: ptr<function, array<Run, HALO_SLOTS>>, lidx: u32) {
     }
 }
 
+// The first output channel of the channel tile at `col`: `col`, or, where
+// the host clamps channel tiles (CLAMP_C: C_OUT is no multiple of BN), at
+// most the last whole tile's, so a tile past the output overlaps the one
+// before it instead.
+fn tile_col(col: u32) -> u32 {
+    if (CLAMP_C) {
+        return min(col, C_OUT - T);
+    }
+    return col;
+}
+
 // Reads this thread's runs of one step's taps: row k is filter tap
-// step * TPS + k / HALO_C, input channel cc + k % HALO_C.
+// step * TPS + k / HALO_C, input channel cc + k % HALO_C (zeros past C_IN
+// where the host pads the staged channels, PAD_C); staged column q holds
+// output channel tile_col(col0 + q - q % T) + q % T.
 fn fetch_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, step: u32, cc: u32, col0: u32, lidx: u32) {
     for (var s = 0u; s < TAP_SLOTS; s++) {
         let g = lidx + s * THREADS;
         let k = g / (BN / 8u);
+        let c = cc + k % HALO_C;
+        let q = (g % (BN / 8u)) * 8u;
         var run = Run();
-        if (g < TAP_RUNS) {
-            let row = (step * TPS + k / HALO_C) * C_IN + cc + k % HALO_C;
-            run = w_run(i32(row * C_OUT + col0 + (g % (BN / 8u)) * 8u));
+        if (g < TAP_RUNS && (!PAD_C || c < C_IN)) {
+            let row = (step * TPS + k / HALO_C) * C_IN + c;
+            run = w_run(i32(row * C_OUT + tile_col(col0 + q - q % T) + q % T));
         }
         (*regs)[s] = run;
     }
@@ -115,16 +143,22 @@ fn stage_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, tap0: u32, lidx: u32) 
     }
 }
 
-// Blocks along an output row and per image (overrides: the output's size
-// arrives as override constants).
-override BLOCKS_W: u32 = W_OUT / BW;
-override BLOCKS_PER_IMAGE: u32 = (H_OUT / BH) * BLOCKS_W;
+// Blocks along an output row, down an image and per image (overrides: the
+// output's size arrives as override constants). Where BH or BW does not
+// divide the output, the last block overlaps the one before it.
+override BLOCKS_W: u32 = (W_OUT + BW - 1u) / BW;
+override BLOCKS_H: u32 = (H_OUT + BH - 1u) / BH;
+override BLOCKS_PER_IMAGE: u32 = BLOCKS_H * BLOCKS_W;
 
 // Block b's (first) image and first output row and column: blocks of an
-// image (of IMAGES images) in row-major order, images in turn.
+// image (of IMAGES images) in row-major order, images in turn; a last block
+// that would leave the image starts BH rows above its bottom (BW columns
+// left of its right edge) instead.
 fn block_origin(b: u32) -> vec3<u32> {
     let block = b % BLOCKS_PER_IMAGE;
-    return vec3<u32>(b / BLOCKS_PER_IMAGE * IMAGES, (block / BLOCKS_W) * BH, (block % BLOCKS_W) * BW);
+    let row = min((block / BLOCKS_W) * BH, H_OUT - BH);
+    let col = min((block % BLOCKS_W) * BW, W_OUT - BW);
+    return vec3<u32>(b / BLOCKS_PER_IMAGE * IMAGES, row, col);
 }
 
 fn fetch_block_halo(regs: ptr<function, array<Run, HALO_SLOTS>>, b: u32, cc: u32, lidx: u32) {
@@ -160,7 +194,7 @@ fn main(
     // reads the other buffer: one barrier a step, plus one a chunk before the
     // halo is overwritten, where one buffer needs two a step.
     let steps = R * S / TPS;
-    let chunks = C_IN / HALO_C;
+    let chunks = (C_IN + HALO_C - 1u) / HALO_C;
     var halo_regs: array<Run, HALO_SLOTS>;
     var tap_regs: array<Run, TAP_SLOTS>;
     fetch_block_halo(&halo_regs, wid.x, 0u, lidx);

@@ -3,6 +3,7 @@
 //! straight from a staged input tile instead of the GEMM core's im2col
 //! staging. This module decides where it applies and writes its WGSL.
 
+use crate::conv::gemm::GEMM_RUN;
 use crate::conv::gemm::coop::{const_lines, fill_template, multiply_adds};
 use crate::conv::shape::ConvShapeMeta;
 use crate::conv::tuning::ConvTuning;
@@ -366,6 +367,73 @@ pub(crate) fn whole_blocks(
     Ok((rows, cols))
 }
 
+/// The least share of a ragged block's computed outputs and multiply-adds
+/// that must be the conv's for the rule to take the halo kernel: on
+/// stride-1 3x3 convs the halo kernels ran 1.5-2x the GEMM core's TFLOP/s
+/// (docs/lab/perf-notes.md, entries 53, 82 and 86), whose own blocks pad
+/// such shapes too. Measured plans time both wherever they run.
+const RAGGED_SHARE: f64 = 2.0 / 3.0;
+
+/// A ragged block's `(rows, cols)` and the share of the output positions
+/// it computes that are the output's.
+type RaggedPlace = ((usize, usize), f64);
+
+/// The places of a ragged block of at most `positions` output positions
+/// (of `images` images a position tile) at `tile`, for outputs that no
+/// block tiles exactly, the largest share first, then the most positions:
+/// any count of rows up to the height, the last block overlapping the one
+/// before it; of whole rows (or runs of tiles along them, as
+/// [`whole_blocks`] takes), or, where position tiles stack images, of any
+/// width, the last block along a row overlapping too; the position tiles
+/// over `row_subgroups` subgroups, the last repeated where they do not
+/// split evenly.
+fn ragged_places(
+    tile: u32,
+    meta: &ConvShapeMeta,
+    positions: usize,
+    images: u32,
+    row_subgroups: usize,
+) -> std::result::Result<Vec<RaggedPlace>, String> {
+    shares_taps(meta)?;
+    let t = tile as usize;
+    let tile_width = t / images as usize;
+    let widths: Vec<usize> = if images > 1 {
+        if !meta.n.is_multiple_of(t) {
+            return Err(format!("{} images are no whole stacks of {t}", meta.n));
+        }
+        (1..=meta.w_out).collect()
+    } else if meta.w_out.is_multiple_of(2 * t) {
+        vec![2 * t]
+    } else if meta.w_out.is_multiple_of(t) {
+        vec![t]
+    } else if meta.w_out > t {
+        vec![meta.w_out]
+    } else {
+        return Err(format!("output {} wide, under a tile", meta.w_out));
+    };
+    let mut places = Vec::new();
+    for cols in widths {
+        let tiles_w = cols.div_ceil(tile_width);
+        let most_rows = (positions / (tiles_w * tile_width)).min(meta.h_out);
+        for rows in 1..=most_rows {
+            let subgroup_tiles = (rows * tiles_w).div_ceil(row_subgroups) * row_subgroups;
+            let blocks = meta.h_out.div_ceil(rows) * meta.w_out.div_ceil(cols);
+            let computed = blocks * subgroup_tiles * tile_width;
+            let share = (meta.h_out * meta.w_out) as f64 / computed as f64;
+            places.push(((rows, cols), share));
+        }
+    }
+    if places.is_empty() {
+        return Err(format!(
+            "{}x{} outputs in no blocks of {positions} positions",
+            meta.h_out, meta.w_out
+        ));
+    }
+    places
+        .sort_by(|((r1, c1), s1), ((r2, c2), s2)| s2.total_cmp(s1).then((r2 * c2).cmp(&(r1 * c1))));
+    Ok(places)
+}
+
 /// `Ok` where a block of `bytes` of workgroup memory fits the adapter and,
 /// unless `pinned` (a tuning override pins the block: the planner's
 /// `ConvTuning`, parsed once, never the environment at planning time), the
@@ -437,6 +505,12 @@ pub struct HaloBlock {
     /// Buffers of taps that steps take in turn: 1 (two barriers a step) or 2
     /// (one barrier a step, one more a chunk).
     pub tap_buffers: u32,
+    /// The input channels are no multiple of the staged ones: the last stage
+    /// holds zeros past them.
+    pub pad_channels: bool,
+    /// The output channels are no multiple of the block's: a channel tile
+    /// past them overlaps the one before it.
+    pub clamp_channels: bool,
 }
 
 impl HaloBlock {
@@ -451,28 +525,66 @@ impl HaloBlock {
         narrow: Narrow,
     ) -> std::result::Result<Self, String> {
         let images = stacked_images(tile, meta, tuning)?;
+        let sizes = block_sizes(meta.r * meta.s, meta.s, tile, images, narrow, tuning)?;
         let mut declined = Vec::new();
-        for size in block_sizes(meta.r * meta.s, meta.s, tile, images, narrow, tuning)? {
-            match Self::fit_size(tile, meta, (caps, tuning), images, size) {
-                Ok(block) => return Ok(block),
+        for &size in &sizes {
+            match Self::fit_size(tile, meta, (caps, tuning), images, size, None) {
+                Ok((block, _)) => return Ok(block),
                 Err(why) => declined.push(why),
             }
         }
-        Err(declined.join("; "))
+        // No block tiles the shape exactly: the ragged block that computes
+        // the least beyond the output, in the rule's order where two tie.
+        let mut best: Option<(Self, f64)> = None;
+        for &size in &sizes {
+            let row_subgroups = (size.3 / size.4.max(1)) as usize;
+            let places = ragged_places(tile, meta, size.0, images, row_subgroups);
+            // Why the best place declined, where every place does.
+            let mut first_decline = None;
+            let fitted = match places {
+                Ok(places) => places.into_iter().find_map(|place| {
+                    let fit = Self::fit_size(tile, meta, (caps, tuning), images, size, Some(place));
+                    fit.map_err(|why| {
+                        first_decline.get_or_insert(why);
+                    })
+                    .ok()
+                }),
+                Err(why) => {
+                    first_decline = Some(why);
+                    None
+                }
+            };
+            if fitted.is_none()
+                && let Some(why) = first_decline
+            {
+                declined.push(format!("ragged: {why}"));
+            }
+            if let Some((block, share)) = fitted
+                && best.is_none_or(|(_, most)| share > most)
+            {
+                best = Some((block, share));
+            }
+        }
+        best.map(|(block, _)| block)
+            .ok_or_else(|| declined.join("; "))
     }
 
     /// The block of `size` for `meta` at `tile` with position tiles of
-    /// `images` images, or why it does not fit:
-    /// stride 1, no dilation and a filter over 1x1, whole blocks or rows (so
-    /// every tile goes straight into the output), channel counts that tile,
-    /// and workgroup memory and invocations within the adapter's limits.
+    /// `images` images and the share of its computed outputs that are the
+    /// conv's, or why it does not fit: stride 1, no dilation and a filter
+    /// over 1x1, blocks that tile the output (`ragged` `None`: whole blocks
+    /// or rows, channel counts that tile, position tiles that split evenly
+    /// over the subgroups; else a [`ragged_places`] place, overlapping where
+    /// they do not, at least [`RAGGED_SHARE`] of it the conv's), and
+    /// workgroup memory and invocations within the adapter's limits.
     fn fit_size(
         tile: u32,
         meta: &ConvShapeMeta,
         (caps, tuning): (&GpuCapabilities, &ConvTuning),
         images: u32,
         (positions, block_tiles, taps_per_step, subgroups, columns, chunk): BlockSize,
-    ) -> std::result::Result<Self, String> {
+        ragged: Option<RaggedPlace>,
+    ) -> std::result::Result<(Self, f64), String> {
         let t = tile as usize;
         let block_channels = block_tiles as usize * t;
         let row_subgroups = subgroups / columns;
@@ -481,12 +593,20 @@ impl HaloBlock {
                 "{block_tiles} channel tiles or {subgroups} subgroups in {columns} columns"
             ));
         }
-        let (rows, cols) = if images > 1 {
-            stacked_blocks(tile, meta, positions)?
-        } else {
-            forward_blocks(tile, meta, positions, row_subgroups as usize)?
+        let ((rows, cols), position_share) = match ragged {
+            None if images > 1 => (stacked_blocks(tile, meta, positions)?, 1.0),
+            None => (
+                forward_blocks(tile, meta, positions, row_subgroups as usize)?,
+                1.0,
+            ),
+            Some(place) => place,
         };
-        if !meta.c_in.is_multiple_of(t) || !meta.c_out.is_multiple_of(block_channels) {
+        let ragged_channels = ragged.is_some()
+            && meta.c_in.is_multiple_of(GEMM_RUN)
+            && meta.c_out.is_multiple_of(GEMM_RUN)
+            && meta.c_out >= t;
+        let clamp_channels = !meta.c_out.is_multiple_of(block_channels);
+        if !ragged_channels && (!meta.c_in.is_multiple_of(t) || clamp_channels) {
             return Err(format!(
                 "channels {} -> {} do not tile by {t} and {block_channels}",
                 meta.c_in, meta.c_out
@@ -499,28 +619,42 @@ impl HaloBlock {
             ));
         }
         // Wider inputs are staged 32 channels at a time, so the block stays
-        // within the workgroup-memory rule.
+        // within the workgroup-memory rule; in a ragged block, input channels
+        // no multiple of the tile as many at a time, rounded up to it, the
+        // last stage's channels past them zeros.
         let chunk = chunk.unwrap_or(
             if meta.c_in > CHANNEL_CHUNK && meta.c_in.is_multiple_of(CHANNEL_CHUNK) {
                 CHANNEL_CHUNK
+            } else if ragged_channels && !meta.c_in.is_multiple_of(t) {
+                meta.c_in.next_multiple_of(t).min(CHANNEL_CHUNK)
             } else {
                 meta.c_in
             },
         );
-        if !chunk.is_multiple_of(t) || !meta.c_in.is_multiple_of(chunk) {
+        let pad_channels = !meta.c_in.is_multiple_of(chunk);
+        if !chunk.is_multiple_of(t) || pad_channels && !ragged_channels {
             return Err(format!("{chunk} input channels a stage of {}", meta.c_in));
         }
         let tiles = rows * cols.div_ceil(t / images as usize);
-        if !tiles.is_multiple_of(row_subgroups as usize) {
+        if ragged.is_none() && !tiles.is_multiple_of(row_subgroups as usize) {
             return Err(format!(
                 "{positions} positions in {row_subgroups} subgroups"
+            ));
+        }
+        let share = position_share * meta.c_in as f64 / meta.c_in.next_multiple_of(chunk) as f64
+            * meta.c_out as f64
+            / meta.c_out.next_multiple_of(block_channels) as f64;
+        if share < RAGGED_SHARE {
+            return Err(format!(
+                "{:.0}% of a ragged block's outputs and channels the conv's",
+                share * 100.0
             ));
         }
         let block = Self {
             tile,
             rows: rows as u32,
             cols: cols as u32,
-            position_tiles: (tiles / row_subgroups as usize) as u32,
+            position_tiles: tiles.div_ceil(row_subgroups as usize) as u32,
             subgroups: [row_subgroups, columns],
             channel_tiles: block_tiles / columns,
             taps_per_step,
@@ -529,6 +663,8 @@ impl HaloBlock {
             images,
             groups: group_bounds(caps, tuning),
             tap_buffers: 1,
+            pad_channels,
+            clamp_channels,
         };
         runs_subgroups(caps, subgroups)?;
         fits_memory(
@@ -542,7 +678,7 @@ impl HaloBlock {
         if blocks > caps.limits.max_compute_workgroups_per_dimension as usize {
             return Err(format!("{blocks} blocks"));
         }
-        Ok(block)
+        Ok((block, share))
     }
 
     /// Output positions along a row that one position tile covers: the
@@ -593,8 +729,8 @@ impl HaloBlock {
     /// Blocks of output positions (each by all of a block's channels).
     pub fn blocks(&self, meta: &ConvShapeMeta) -> usize {
         meta.n / self.images as usize
-            * (meta.h_out / self.rows as usize)
-            * (meta.w_out / self.cols as usize)
+            * meta.h_out.div_ceil(self.rows as usize)
+            * meta.w_out.div_ceil(self.cols as usize)
     }
 
     /// Workgroups: over the blocks of positions, blocks of channels. A
@@ -607,7 +743,7 @@ impl HaloBlock {
         let [fewest, most] = self.groups.map(|g| g as usize);
         [
             blocks.div_ceil(2).clamp(fewest, most).min(blocks),
-            meta.c_out / self.channels(),
+            meta.c_out.div_ceil(self.channels()),
             1,
         ]
     }
@@ -647,14 +783,18 @@ impl HaloBlock {
         let mut decls = String::new();
         for i in 0..pt {
             decls += &format!(
-                "    let br_{i} = (sg_m * PT + {i}u) / TILES_W;
-    let bc_{i} = min(((sg_m * PT + {i}u) % TILES_W) * TW, BW - TW);
+                "    let p_{i} = min(sg_m * PT + {i}u, TILES - 1u);
+    let br_{i} = p_{i} / TILES_W;
+    let bc_{i} = min((p_{i} % TILES_W) * TW, BW - TW);
 "
             );
         }
+        for j in 0..ct {
+            decls += &format!("    let col_{j} = tile_col(sub_col + {j}u * T);\n");
+        }
         // Stride 0: every row of the tile starts as the same T biases.
         let start = |j: u32| match bias {
-            Some(bias) => format!("coopLoadT<{mat}<f32, C>>(&{bias}[sub_col + {j}u * T], 0u)"),
+            Some(bias) => format!("coopLoadT<{mat}<f32, C>>(&{bias}[col_{j}], 0u)"),
             None => format!("{mat}<f32, C>()"),
         };
         for (i, j) in tiles() {
@@ -682,15 +822,19 @@ impl HaloBlock {
         let mut stores = String::new();
         for (i, j) in tiles() {
             stores += &format!(
-                "        coopStoreT(acc_{i}_{j}, &y[((n * H_OUT + oh0 + br_{i}) * W_OUT + ow0 + bc_{i}) * C_OUT + sub_col + {j}u * T], {row_stride});
+                "        coopStoreT(acc_{i}_{j}, &y[((n * H_OUT + oh0 + br_{i}) * W_OUT + ow0 + bc_{i}) * C_OUT + col_{j}], {row_stride});
         acc_{i}_{j} = {};
 ",
                 start(j)
             );
         }
+        let flags = format!(
+            "const PAD_C: bool = {};\nconst CLAMP_C: bool = {};\n",
+            self.pad_channels, self.clamp_channels
+        );
         fill_template(
             template,
-            const_lines(&self.constants(subgroup)),
+            const_lines(&self.constants(subgroup)) + &flags,
             &[
                 ("tile origins br_i, bc_i and accumulators acc_i_j", decls),
                 (
@@ -728,6 +872,8 @@ pub(crate) mod tests {
             images: 1,
             groups: [u32::MAX; 2],
             tap_buffers: 1,
+            pad_channels: false,
+            clamp_channels: false,
         };
         let src = block.core_source(TEMPLATE, 32, Some("bias"));
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
@@ -939,5 +1085,63 @@ pub(crate) mod tests {
         assert!(
             HaloBlock::fit(16, &strided, &caps, &ConvTuning::default(), Narrow::FORWARD).is_err()
         );
+    }
+
+    /// Outputs no block tiles exactly take ragged blocks where most of what
+    /// they compute is the conv's (airbench94's convs: 31 x 31 with 24
+    /// channels, 15 x 15, 7 x 7), and decline where it would not be (3 x 3
+    /// outputs); exact blocks keep their place.
+    #[test]
+    fn ragged_blocks_fit_odd_outputs_and_channels_and_decline_wasteful_ones() {
+        let caps = caps();
+        let fit = |input: [usize; 4], c_out: usize, dinput: bool| {
+            let meta = ConvShapeMeta::new(input, &ConvParams::new(c_out, 3, Padding::Same));
+            let meta = meta.unwrap();
+            let tuning = ConvTuning::default();
+            if dinput {
+                let t = crate::conv::dinput::halo::transposed(&meta).unwrap();
+                HaloBlock::fit(16, &t, &caps, &tuning, Narrow::DINPUT)
+            } else {
+                HaloBlock::fit(16, &meta, &caps, &tuning, Narrow::FORWARD)
+            }
+        };
+        // 31 x 31 x 24 -> 64: blocks of 8 whole rows (the fourth from row
+        // 23), two tiles a row (the second from column 15); the forward
+        // stages 32 input channels, 8 of them zeros; dinput's transposed
+        // conv (64 -> 24) in blocks of 32 channels, tiles from 0 and 8.
+        let forward = fit([1024, 31, 31, 24], 64, false).unwrap();
+        assert_eq!((forward.rows, forward.cols, forward.tiles_w()), (8, 31, 2));
+        assert_eq!((forward.halo[0], forward.pad_channels), (32, true));
+        assert!(!forward.clamp_channels);
+        assert_eq!(
+            forward.grid(
+                &ConvShapeMeta::new([1024, 31, 31, 24], &ConvParams::new(64, 3, Padding::Same))
+                    .unwrap()
+            )[1],
+            1
+        );
+        let dinput = fit([1024, 31, 31, 24], 64, true).unwrap();
+        assert_eq!((dinput.channels(), dinput.clamp_channels), (32, true));
+        assert!(!dinput.pad_channels);
+        // 15 x 15 stacks images in blocks of 5 rows by 3 columns (15 tiles
+        // over 8 subgroups: the last repeated), 94% of them outputs.
+        let stacked = fit([1024, 15, 15, 64], 256, false).unwrap();
+        assert_eq!((stacked.images, stacked.rows, stacked.cols), (16, 5, 3));
+        assert_eq!((stacked.position_tiles, stacked.subgroups[0]), (2, 8));
+        let meta = ConvShapeMeta::new([1024, 15, 15, 64], &ConvParams::new(256, 3, Padding::Same));
+        assert_eq!(stacked.blocks(&meta.unwrap()), 64 * 15);
+        // 7 x 7: 7 tiles a block over 8 subgroups (87.5%).
+        let seven = fit([1024, 7, 7, 256], 256, false).unwrap();
+        assert_eq!((seven.rows * seven.cols, seven.position_tiles), (7, 1));
+        assert!(fit([1024, 7, 7, 256], 256, true).is_ok());
+        // 3 x 3: at most 9 of 16 tiles outputs (56%): the GEMM core.
+        let why = fit([1024, 3, 3, 256], 256, false).unwrap_err();
+        assert!(why.contains("ragged: 56%"), "{why}");
+        // Channels past a run of 8 take no ragged block.
+        assert!(fit([64, 16, 16, 20], 64, false).is_err());
+        // An exact shape keeps the exact block.
+        let exact = fit([256, 32, 32, 64], 64, false).unwrap();
+        assert_eq!((exact.rows, exact.cols, exact.position_tiles), (8, 32, 2));
+        assert!(!exact.pad_channels && !exact.clamp_channels);
     }
 }
