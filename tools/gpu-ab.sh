@@ -13,7 +13,9 @@
 #
 # There, base measures the conv plans once (AETHER_TUNE_CONVS=1) into one
 # cache dir that both builds then read, so the kernels differ and the plans do
-# not; per model the builds alternate ROUNDS times (pipelined ms/step with the
+# not; with AB_PLANS=own each build measures its own (for a change to what
+# the plans can choose), and AB_RULES=1 adds a step of each build with the
+# rules; per model the builds alternate ROUNDS times (pipelined ms/step with the
 # batch resident), then `conv_passes --parts` on ResNet-18's convs for each,
 # `airbench` (its recipe on synthetic data) for each, airbench94's convs for head,
 # then PyTorch's `benches/pytorch_models.py` where torch imports. Results go
@@ -59,7 +61,7 @@ for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 export XDG_RUNTIME_DIR=/tmp/xdg VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
-export AETHER_TUNE_CONVS=1 AETHER_CACHE_DIR=/tmp/ab-plans
+plans=${AB_PLANS:-shared}
 R=/tmp/ab-results
 mkdir -p "$R"
 cp .gpu-pack/base/REV "$R/base-rev.txt"
@@ -67,31 +69,47 @@ cp .gpu-pack/head/REV "$R/head-rev.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv >"$R/gpu.txt" 2>&1
 save() { tar czf "$OUT/results.tgz" -C "$R" .; }
 batch() { case $1 in airbench94) echo 1024 ;; *) echo 256 ;; esac; }
-step() { # build model tag
-    timeout 150 ".gpu-pack/$1/cifar10_breakdown" --model "$2" --batch-size "$(batch "$2")" \
-        --repeats 20 --device gpu >"$R/step-$2-$3.txt" 2>&1
+cache() { # build: the plans' cache dir
+    if [ "$plans" = own ]; then echo "/tmp/ab-plans-$1"; else echo /tmp/ab-plans; fi
+}
+export AETHER_TUNE_CONVS=1
+step() { # build model tag [rules]
+    local tune=1 dir
+    dir=$(cache "$1")
+    if [ "${4:-}" = rules ]; then tune=0 dir="/tmp/ab-rules-$1"; fi
+    AETHER_TUNE_CONVS=$tune AETHER_CACHE_DIR=$dir timeout 150 ".gpu-pack/$1/cifar10_breakdown" \
+        --model "$2" --batch-size "$(batch "$2")" --repeats 20 --device gpu >"$R/step-$2-$3.txt" 2>&1
     echo "$2 $3: $(grep -h 'train_tensors' "$R/step-$2-$3.txt" | head -1)"
 }
 for m in "${models[@]}"; do
     step base "$m" measure
+    if [ "$plans" = own ]; then step head "$m" measure-head; fi
+    if [ "${AB_RULES:-0}" = 1 ]; then step base "$m" rules-base rules; step head "$m" rules-head rules; fi
     for r in $(seq "$rounds"); do step base "$m" "base$r"; step head "$m" "head$r"; done
     save
 done
 for b in base head; do
-    timeout 150 ".gpu-pack/$b/conv_passes" --convs resnet18 --batch-size 256 --repeats 20 \
-        --parts >"$R/passes-$b.txt" 2>&1
+    AETHER_CACHE_DIR=$(cache $b) timeout 150 ".gpu-pack/$b/conv_passes" --convs resnet18 \
+        --batch-size 256 --repeats 20 --parts >"$R/passes-$b.txt" 2>&1
     echo "passes $b: $(grep -h 'all convs' "$R/passes-$b.txt" | head -1)"
 done
 # airbench's recipe (examples/airbench, synthetic data), each build once.
 for b in base head; do
-    timeout 120 ".gpu-pack/$b/airbench" --device gpu >"$R/airbench-$b.txt" 2>&1
+    AETHER_CACHE_DIR=$(cache $b) timeout 120 ".gpu-pack/$b/airbench" --device gpu \
+        >"$R/airbench-$b.txt" 2>&1
     echo "airbench $b: $(tail -1 "$R/airbench-$b.txt")"
 done
 save
-# airbench94's convs (24-channel and 15-wide ones the rules fit least), head only.
-timeout 150 .gpu-pack/head/conv_passes --convs airbench94 --batch-size 1024 --repeats 20 \
-    --parts >"$R/passes-airbench94-head.txt" 2>&1
-cp /tmp/ab-plans/*.json "$R/" 2>/dev/null
+# airbench94's convs (24-channel and 15-wide ones the rules fit least); base
+# too where each build has plans of its own.
+for b in base head; do
+    [ "$b" = base ] && [ "$plans" != own ] && continue
+    AETHER_CACHE_DIR=$(cache $b) timeout 150 ".gpu-pack/$b/conv_passes" --convs airbench94 \
+        --batch-size 1024 --repeats 20 --parts >"$R/passes-airbench94-$b.txt" 2>&1
+done
+for d in /tmp/ab-plans*; do
+    for f in "$d"/*.json; do [ -f "$f" ] && cp "$f" "$R/$(basename "$d")-$(basename "$f")"; done
+done
 save
 if python3 -c "import torch" 2>/dev/null; then
     for m in "${models[@]}"; do
