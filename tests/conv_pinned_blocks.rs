@@ -1,5 +1,6 @@
 //! The halo kernels' blocks that only the tuning overrides pick (as the
-//! `tools/gpu-sweep-*.sh` scripts pin them) against the f64 direct convolution, on
+//! `tools/gpu-sweep-*.sh` scripts pin them, and ragged blocks, which measured
+//! plans may take) against the f64 direct convolution, on
 //! the coop variants, and a malformed override as an error. Each block is
 //! pinned through [`ConvTuning`] in the options of a context of its own, as
 //! `GpuOptions::from_env` reads the variables. A pinned block that does not
@@ -11,7 +12,7 @@ mod common;
 
 use aether::conv::dweight::halo::DWEIGHT_HALO_ENV;
 use aether::conv::dweight::{SPLIT_ENV, reduce_in_columns};
-use aether::conv::forward::halo::{HALO_ENV, STACK_ENV, TAP_BUFFERS_ENV};
+use aether::conv::forward::halo::{HALO_ENV, RAGGED_ENV, STACK_ENV, TAP_BUFFERS_ENV};
 use aether::conv::gemm::coop::BLOCK_ENV;
 use aether::conv::{
     ConvDirection, ConvLaunchPlan, ConvParams, ConvPlans, ConvShapeMeta, ConvTuning, ConvVariant,
@@ -71,10 +72,56 @@ fn pins() -> Vec<Pin> {
             direction: ConvDirection::Forward,
             ran: |p| p.halo.is_some_and(|b| b.images == b.tile && b.rows == 2),
         },
+        // Ragged blocks (`AETHER_HALO_RAGGED=1`) on 13 rows, prime, that no
+        // block of whole rows tiles, and 56 output channels, no multiple of
+        // the block's: the forward's last channel tile overlaps the one
+        // before it; dinput's last block row overlaps the one before it, and
+        // at tile 16 its transposed conv stages 56 channels in as 64, the
+        // last 8 zeros.
+        Pin {
+            vars: &[(RAGGED_ENV, "1")],
+            input: [2, 13, 16, 32],
+            c_out: 56,
+            direction: ConvDirection::Forward,
+            ran: |p| p.halo.is_some_and(|b| b.clamp_channels),
+        },
+        Pin {
+            vars: &[(RAGGED_ENV, "1")],
+            input: [2, 13, 16, 32],
+            c_out: 56,
+            direction: ConvDirection::DInput,
+            ran: |p| p.halo.is_some_and(|b| 13 % b.rows != 0),
+        },
+        // 7 x 7 outputs, narrower than a tile, in whole stacks: stacked
+        // blocks of 7 positions over 8 subgroups (the last tile repeated),
+        // both directions.
+        Pin {
+            vars: &[(RAGGED_ENV, "1")],
+            input: [16, 7, 7, 32],
+            c_out: 64,
+            direction: ConvDirection::Forward,
+            ran: |p| p.halo.is_some_and(|b| b.images > 1 && b.rows * b.cols == 7),
+        },
+        Pin {
+            vars: &[(RAGGED_ENV, "1")],
+            input: [16, 7, 7, 32],
+            c_out: 64,
+            direction: ConvDirection::DInput,
+            ran: |p| p.halo.is_some_and(|b| b.images > 1 && b.rows * b.cols == 7),
+        },
+        // 4 x 7 outputs stacked in blocks 4 rows by 2 columns (tile 8) or 4
+        // (tile 16): the last block along a row overlaps the one before it.
+        Pin {
+            vars: &[(RAGGED_ENV, "1")],
+            input: [16, 4, 7, 32],
+            c_out: 64,
+            direction: ConvDirection::Forward,
+            ran: |p| p.halo.is_some_and(|b| b.images > 1 && 7 % b.cols != 0),
+        },
         // 16 input channels a stage of 24: the second stage holds 8 zeros
         // past them (a ragged block, at tiles 8 and 16).
         Pin {
-            vars: &[(HALO_ENV, "128x2x3x8x1x16")],
+            vars: &[(HALO_ENV, "128x2x3x8x1x16"), (RAGGED_ENV, "1")],
             input: [2, 16, 16, 24],
             c_out: 32,
             direction: ConvDirection::Forward,

@@ -25,12 +25,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use aether::conv::forward::halo::RAGGED_ENV;
 use aether::conv::{
-    ConvPlans, ConvShapeMeta, ConvVariant, Padding, conv2d_dinput, conv2d_dinput_flipped,
-    conv2d_dweight, conv2d_forward, dinput_flipped_filter,
+    ConvPlans, ConvShapeMeta, ConvTuning, ConvVariant, Padding, conv2d_dinput,
+    conv2d_dinput_flipped, conv2d_dweight, conv2d_forward, dinput_flipped_filter,
 };
 use aether::gpu::{
-    BuiltShader, CoopMatrixConfig, GpuCapabilities, GpuContext, REQUIRED_LIMITS,
+    BuiltShader, CoopMatrixConfig, GpuCapabilities, GpuContext, GpuOptions, REQUIRED_LIMITS,
     coop_translates_to, with_required_limits,
 };
 use aether::model::{Loss, Metric};
@@ -44,7 +45,7 @@ use aether::optim::Adam;
 use aether::{Device, Model, Tensor};
 use common::Rng;
 use common::conv_cases::cases;
-use common::noop::{all_features, full_limits, least_limits, noop_context};
+use common::noop::{all_features, full_limits, least_limits, noop_context, noop_context_with};
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
@@ -539,7 +540,28 @@ fn every_kernel_translates_for_vulkan_metal_and_dx12() {
         },
     );
     run_models(&Device::Gpu(Arc::clone(&nine)), true, &mut rng);
-    let shaders = unique(&[&full, &nine]);
+    // Ragged halo blocks (`AETHER_HALO_RAGGED=1`: overlapping tiles, zeros
+    // past the input channels) where the conv cases tile no block exactly.
+    let tuning = ConvTuning::default().set(RAGGED_ENV, "1").unwrap();
+    let ragged = noop_context_with(
+        all_features(),
+        full_limits(),
+        GpuOptions {
+            conv_tuning: tuning,
+            ..GpuOptions::default()
+        },
+    );
+    let ragged_device = Device::Gpu(Arc::clone(&ragged));
+    for tile in [16, 8] {
+        let plans = ConvPlans::forcing(ConvVariant::Coop { tile });
+        run_conv_cases(&ragged_device, &plans, &mut rng);
+    }
+    let shaders = unique(&[&full, &nine, &ragged]);
+    let ragged_modules = shaders
+        .iter()
+        .filter(|s| s.source.contains("const CLAMP_C: bool = true;"))
+        .count();
+    assert!(ragged_modules > 0, "no ragged halo module was built");
     let kernels: std::collections::BTreeSet<String> = shaders
         .iter()
         .map(|s| format!("{}:{}", s.key.kernel, s.key.variant))

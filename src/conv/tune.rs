@@ -26,7 +26,7 @@ use super::direct::DIRECT_ENV;
 use super::dweight::halo::DWEIGHT_HALO_ENV;
 use super::dweight::{SPLIT_ENV, conv2d_dweight};
 use super::forward::conv2d_forward;
-use super::forward::halo::{GROUPS_ENV, HALO_ENV, STACK_ENV};
+use super::forward::halo::{GROUPS_ENV, HALO_ENV, RAGGED_ENV, STACK_ENV};
 use super::gemm::coop::BLOCK_ENV;
 use super::plan::{ConvDirection, ConvLaunchPlan, ConvPlans};
 use super::prepare::ConvWork;
@@ -68,11 +68,16 @@ pub fn candidates(direction: ConvDirection) -> Vec<ConvTuning> {
                 vec![(STACK_ENV, "1")],
                 vec![(STACK_ENV, "0")],
                 vec![(GROUPS_ENV, "0")],
+                vec![(RAGGED_ENV, "1")],
             ],
         ),
         ConvDirection::DInput => (
             DINPUT_HALO_ENV,
-            vec![vec![(STACK_ENV, "1")], vec![(STACK_ENV, "0")]],
+            vec![
+                vec![(STACK_ENV, "1")],
+                vec![(STACK_ENV, "0")],
+                vec![(RAGGED_ENV, "1")],
+            ],
         ),
         ConvDirection::DWeight => (
             DWEIGHT_HALO_ENV,

@@ -10,18 +10,19 @@ use crate::conv::dinput::halo::DINPUT_HALO_ENV;
 use crate::conv::direct::DIRECT_ENV;
 use crate::conv::dweight::SPLIT_ENV;
 use crate::conv::dweight::halo::DWEIGHT_HALO_ENV;
-use crate::conv::forward::halo::{GROUPS_ENV, HALO_ENV, STACK_ENV, TAP_BUFFERS_ENV};
+use crate::conv::forward::halo::{GROUPS_ENV, HALO_ENV, RAGGED_ENV, STACK_ENV, TAP_BUFFERS_ENV};
 use crate::conv::gemm::coop::BLOCK_ENV;
 use crate::error::{AetherError, Result};
 
 /// Every tuning variable the planner reads.
-pub const VARIABLES: [&str; 9] = [
+pub const VARIABLES: [&str; 10] = [
     BLOCK_ENV,
     DIRECT_ENV,
     HALO_ENV,
     GROUPS_ENV,
     STACK_ENV,
     TAP_BUFFERS_ENV,
+    RAGGED_ENV,
     DWEIGHT_HALO_ENV,
     SPLIT_ENV,
     DINPUT_HALO_ENV,
@@ -53,7 +54,7 @@ impl ConvTuning {
                 var: "conv tuning",
                 value: var.to_owned(),
                 expected: "one of AETHER_COOP_BLOCK, AETHER_CONV_DIRECT, AETHER_FORWARD_HALO, AETHER_HALO_GROUPS, \
-                           AETHER_HALO_STACK, AETHER_HALO_TAP_BUFFERS, AETHER_DWEIGHT_HALO, \
+                           AETHER_HALO_STACK, AETHER_HALO_TAP_BUFFERS, AETHER_HALO_RAGGED, AETHER_DWEIGHT_HALO, \
                            AETHER_DWEIGHT_SPLIT, AETHER_DINPUT_HALO",
             });
         };

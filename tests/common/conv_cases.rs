@@ -183,21 +183,17 @@ pub fn cases(turns_images: usize) -> Vec<Case> {
             input: [16, 4, 4, 32],
             params: p(64, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
-        // Ragged halo blocks (src/conv/forward/halo.rs, `ragged_places`): 13
-        // rows, prime, that no block of whole rows tiles (the last block row
-        // overlaps the one before it), and 56 channels out, no multiple of
-        // the block's (the last channel tile overlaps the one before it);
-        // dinput's transposed conv takes 56 channels in, which tile 16
-        // stages as 64, the last 8 zeros.
+        // Shapes no halo block tiles exactly: 13 rows, prime, and 56 output
+        // channels; 7 x 7 outputs narrower than a tile. The rule runs the
+        // GEMM core on them; with `AETHER_HALO_RAGGED=1` the halo kernels
+        // take ragged blocks (tests/conv_pinned_blocks.rs checks those).
         Case {
-            name: "3x3 same, 13 x 16, 32 -> 56, ragged halo kernels (forward, dinput)",
+            name: "3x3 same, 13 x 16, 32 -> 56, no exact halo block",
             input: [2, 13, 16, 32],
             params: p(56, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },
-        // 7 x 7 outputs narrower than a tile in whole stacks: stacked blocks
-        // of any width and height, overlapping at the output's edges.
         Case {
-            name: "3x3 same, 7 x 7, 16 images, ragged stacked halo kernels (forward, dinput)",
+            name: "3x3 same, 7 x 7, 16 images, no exact halo block",
             input: [16, 7, 7, 32],
             params: p(64, (3, 3), (1, 1), Padding::Same, (1, 1)),
         },

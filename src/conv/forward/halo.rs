@@ -38,6 +38,14 @@ pub const STACK_ENV: &str = "AETHER_HALO_STACK";
 /// barrier a step fewer was faster (docs/lab/perf-notes.md, entry 83).
 pub const TAP_BUFFERS_ENV: &str = "AETHER_HALO_TAP_BUFFERS";
 
+/// Environment variable for tuning: `1` lets the halo kernels take ragged
+/// blocks where no block tiles a conv exactly (overlapping at the output's
+/// edges, zeros past the input channels); `0` or unset,
+/// only exact blocks. Off by the rule until a device run has timed them
+/// against the GEMM core; measured plans time them wherever they fit
+/// (docs/lab/perf-notes.md, entry 96).
+pub const RAGGED_ENV: &str = "AETHER_HALO_RAGGED";
+
 /// The rule's block for outputs narrower than a tile, where position tiles
 /// stack the tile's count of images (one output position of each) and a
 /// block is a tile's positions: its channel tiles, taps a step, subgroups and
@@ -272,6 +280,23 @@ fn turns_halo_off(var: &str, text: &str, what: &str) -> String {
     format!("{var}={text}")
 }
 
+/// Whether the tuning lets the halo kernels take ragged blocks
+/// ([`RAGGED_ENV`]); a value neither `0` nor `1` warns once and leaves them
+/// off.
+fn ragged_on(tuning: &ConvTuning) -> bool {
+    match tuning.get(RAGGED_ENV).map(str::trim) {
+        Some("1") => true,
+        None | Some("0") => false,
+        Some(text) => {
+            warn_once(
+                &format!("{RAGGED_ENV}:{text}"),
+                &format!("{RAGGED_ENV}={text:?} is neither 0 nor 1: ragged halo blocks stay off"),
+            );
+            false
+        }
+    }
+}
+
 /// The `(rows, cols)` of a block of whole output rows for position tiles of
 /// one position of `tile` stacked images: `positions / width` rows (at least
 /// one, a divisor of the height), on a batch of whole stacks.
@@ -368,10 +393,10 @@ pub(crate) fn whole_blocks(
 }
 
 /// The least share of a ragged block's computed outputs and multiply-adds
-/// that must be the conv's for the rule to take the halo kernel: on
-/// stride-1 3x3 convs the halo kernels ran 1.5-2x the GEMM core's TFLOP/s
+/// that must be the conv's for a halo kernel to take it: on stride-1 3x3
+/// convs the halo kernels ran 1.5-2x the GEMM core's TFLOP/s
 /// (docs/lab/perf-notes.md, entries 53, 82 and 86), whose own blocks pad
-/// such shapes too. Measured plans time both wherever they run.
+/// such shapes too.
 const RAGGED_SHARE: f64 = 2.0 / 3.0;
 
 /// A ragged block's `(rows, cols)` and the share of the output positions
@@ -532,6 +557,9 @@ impl HaloBlock {
                 Ok((block, _)) => return Ok(block),
                 Err(why) => declined.push(why),
             }
+        }
+        if !ragged_on(tuning) {
+            return Err(declined.join("; "));
         }
         // No block tiles the shape exactly: the ragged block that computes
         // the least beyond the output, in the rule's order where two tie.
@@ -1097,7 +1125,7 @@ pub(crate) mod tests {
         let fit = |input: [usize; 4], c_out: usize, dinput: bool| {
             let meta = ConvShapeMeta::new(input, &ConvParams::new(c_out, 3, Padding::Same));
             let meta = meta.unwrap();
-            let tuning = ConvTuning::default();
+            let tuning = ConvTuning::default().set(RAGGED_ENV, "1").unwrap();
             if dinput {
                 let t = crate::conv::dinput::halo::transposed(&meta).unwrap();
                 HaloBlock::fit(16, &t, &caps, &tuning, Narrow::DINPUT)
@@ -1139,6 +1167,11 @@ pub(crate) mod tests {
         assert!(why.contains("ragged: 56%"), "{why}");
         // Channels past a run of 8 take no ragged block.
         assert!(fit([64, 16, 16, 20], 64, false).is_err());
+        // Only where the tuning lets them.
+        let meta = ConvShapeMeta::new([1024, 15, 15, 64], &ConvParams::new(64, 3, Padding::Same));
+        let rule = ConvTuning::default();
+        let why = HaloBlock::fit(16, &meta.unwrap(), &caps, &rule, Narrow::FORWARD).unwrap_err();
+        assert!(!why.contains("ragged"), "{why}");
         // An exact shape keeps the exact block.
         let exact = fit([256, 32, 32, 64], 64, false).unwrap();
         assert_eq!((exact.rows, exact.cols, exact.position_tiles), (8, 32, 2));
