@@ -118,6 +118,23 @@ fn pins() -> Vec<Pin> {
             direction: ConvDirection::Forward,
             ran: |p| p.halo.is_some_and(|b| b.images > 1 && 7 % b.cols != 0),
         },
+        // dweight's ragged blocks: 13 rows in blocks of 4 (the last reaching
+        // 3 rows past the output), and 13 columns in runs of 16, dy zeros
+        // past the output.
+        Pin {
+            vars: &[(RAGGED_ENV, "1")],
+            input: [2, 13, 16, 32],
+            c_out: 32,
+            direction: ConvDirection::DWeight,
+            ran: |p| p.dweight_halo.is_some_and(|b| b.ragged && b.rows == 4),
+        },
+        Pin {
+            vars: &[(RAGGED_ENV, "1")],
+            input: [2, 12, 13, 32],
+            c_out: 32,
+            direction: ConvDirection::DWeight,
+            ran: |p| p.dweight_halo.is_some_and(|b| b.ragged && b.cols == 16),
+        },
         // 16 input channels a stage of 24: the second stage holds 8 zeros
         // past them (a ragged block, at tiles 8 and 16).
         Pin {

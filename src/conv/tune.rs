@@ -85,6 +85,7 @@ pub fn candidates(direction: ConvDirection) -> Vec<ConvTuning> {
                 vec![(SPLIT_ENV, "1")],
                 vec![(SPLIT_ENV, "4")],
                 vec![(SPLIT_ENV, "8")],
+                vec![(RAGGED_ENV, "1")],
             ],
         ),
     };

@@ -19,8 +19,8 @@
 // chunk (every matrix store is unconditional: naga wants them in uniform
 // control flow), of which dweight_reduce.wgsl reads row K.
 //
-// Written in by the host (src/conv/forward/halo.rs): T, SUBGROUP, BH, BW, HALO_H,
-// HALO_W, TAPS (= R * S), BIAS_ROWS, and the pieces marked `// generated:`.
+// Written in by the host (src/conv/dweight/halo.rs): T, SUBGROUP, BH, BW, HALO_H,
+// HALO_W, TAPS (= R * S), BIAS_ROWS, RAGGED, and the pieces marked `// generated:`.
 
 const CB: u32 = 2u * T;
 const THREADS: u32 = (TAPS + 1u) * SUBGROUP;
@@ -37,6 +37,12 @@ const DY_SLOTS: u32 = (DY_RUNS + THREADS - 1u) / THREADS;
 var<workgroup> halo: array<vec4<f16>, ONES + T / 4u>;
 var<workgroup> dys: array<vec4<f16>, BH * BW * LDP>;
 
+// Blocks along an output row and per image; where the host takes ragged
+// blocks (RAGGED), the last along a row and down an image reach past the
+// output, and dy reads as zeros there, so those positions add nothing.
+override BLOCKS_W: u32 = (W_OUT + BW - 1u) / BW;
+override BLOCKS_PER_IMAGE: u32 = (H_OUT + BH - 1u) / BH * BLOCKS_W;
+
 // A block's operands on their way from global to workgroup memory.
 struct BlockRuns {
     halo: array<Run, HALO_SLOTS>,
@@ -47,9 +53,9 @@ struct BlockRuns {
 // from global memory: halo pixel g / (CB / 8) and dy position g / (CB / 8),
 // channels 8 at a time.
 fn fetch_block(regs: ptr<function, BlockRuns>, block: u32, ci0: u32, co0: u32, lidx: u32) {
-    let blocks_w = W_OUT / BW;
-    let n = block / ((H_OUT / BH) * blocks_w);
-    let within = block % ((H_OUT / BH) * blocks_w);
+    let blocks_w = BLOCKS_W;
+    let n = block / BLOCKS_PER_IMAGE;
+    let within = block % BLOCKS_PER_IMAGE;
     let oh0 = (within / blocks_w) * BH;
     let ow0 = (within % blocks_w) * BW;
     let ih0 = i32(oh0) - i32(PAD_TOP);
@@ -67,8 +73,10 @@ fn fetch_block(regs: ptr<function, BlockRuns>, block: u32, ci0: u32, co0: u32, l
         let g = lidx + s * THREADS;
         let p = g / (CB / 8u);
         var run = Run();
-        if (g < DY_RUNS) {
-            let position = (n * H_OUT + oh0 + p / BW) * W_OUT + ow0 + p % BW;
+        let oh = oh0 + p / BW;
+        let ow = ow0 + p % BW;
+        if (g < DY_RUNS && (!RAGGED || oh < H_OUT && ow < W_OUT)) {
+            let position = (n * H_OUT + oh) * W_OUT + ow;
             run = dy_run(i32(position * C_OUT + co0 + (g % (CB / 8u)) * 8u));
         }
         (*regs).dy[s] = run;
@@ -106,7 +114,7 @@ fn main(
     let chunks_in = C_IN / CB;
     let ci0 = (wid.y % chunks_in) * CB;
     let co0 = (wid.y / chunks_in) * CB;
-    let blocks = params.n * (H_OUT / BH) * (W_OUT / BW);
+    let blocks = params.n * BLOCKS_PER_IMAGE;
     // The tap this subgroup owns; the last subgroup (TAPS) does dbias with ones.
     let is_bias = sg == TAPS;
     let tap = min(sg, TAPS - 1u);

@@ -126,7 +126,11 @@ fn fetch_taps(regs: ptr<function, array<Run, TAP_SLOTS>>, step: u32, cc: u32, co
         var run = Run();
         if (g < TAP_RUNS && (!PAD_C || c < C_IN)) {
             let row = (step * TPS + k / HALO_C) * C_IN + c;
-            run = w_run(i32(row * C_OUT + tile_col(col0 + q - q % T) + q % T));
+            var col = col0 + q;
+            if (CLAMP_C) {
+                col = tile_col(col - q % T) + q % T;
+            }
+            run = w_run(i32(row * C_OUT + col));
         }
         (*regs)[s] = run;
     }

@@ -5,7 +5,9 @@
 //! its split over blocks of positions and writes its WGSL.
 
 use crate::conv::dweight::pinned_split_per_unit;
-use crate::conv::forward::halo::{fits_memory, runs_subgroups, whole_blocks};
+use crate::conv::forward::halo::{
+    RAGGED_SHARE, fits_memory, ragged_on, runs_subgroups, shares_taps, whole_blocks,
+};
 use crate::conv::gemm::coop::{const_lines, fill_template, multiply_adds};
 use crate::conv::shape::ConvShapeMeta;
 use crate::conv::tuning::ConvTuning;
@@ -70,6 +72,48 @@ pub struct DWeightHalo {
     pub halo: [u32; 2],
     /// Slices of the blocks (the grid's x): the split-K of the GEMM core.
     pub slices: u32,
+    /// The blocks do not tile the output: the last along a row or down an
+    /// image reach past it, where dy reads as zeros.
+    pub ragged: bool,
+}
+
+/// The `(rows, cols)` of a ragged block of `positions` output positions,
+/// where no block tiles the output: runs of 2 tiles or of 1 along a row and
+/// `positions` over that many rows, the last block along a row and down an
+/// image reaching past the output (dy zeros there: a sum must not count a
+/// position twice, so blocks do not overlap); the run with the larger share
+/// of positions the output's, at least [`RAGGED_SHARE`].
+fn ragged_block(
+    tile: u32,
+    meta: &ConvShapeMeta,
+    positions: usize,
+) -> std::result::Result<(usize, usize), String> {
+    shares_taps(meta)?;
+    let t = tile as usize;
+    let share = |cols: usize| {
+        let rows = (positions / cols).min(meta.h_out);
+        let computed = meta.h_out.div_ceil(rows) * rows * meta.w_out.div_ceil(cols) * cols;
+        (
+            (rows, cols),
+            (meta.h_out * meta.w_out) as f64 / computed as f64,
+        )
+    };
+    let best = [2 * t, t]
+        .into_iter()
+        .filter(|&cols| cols <= positions)
+        .map(share)
+        .fold(
+            None,
+            |best: Option<((usize, usize), f64)>, (block, s)| match best {
+                Some((_, most)) if most >= s => best,
+                _ => Some((block, s)),
+            },
+        );
+    match best {
+        Some((block, s)) if s >= RAGGED_SHARE => Ok(block),
+        Some((_, s)) => Err(format!("{:.0}% of its positions the output's", s * 100.0)),
+        None => Err(format!("{positions} positions under a tile")),
+    }
 }
 
 impl DWeightHalo {
@@ -84,7 +128,15 @@ impl DWeightHalo {
     ) -> std::result::Result<Self, String> {
         let positions = block_positions(tuning)?;
         let t = tile as usize;
-        let (rows, cols) = whole_blocks(tile, meta, positions)?;
+        let ((rows, cols), ragged) = match whole_blocks(tile, meta, positions) {
+            Ok(block) => (block, false),
+            Err(why) if ragged_on(tuning) => {
+                let block = ragged_block(tile, meta, positions)
+                    .map_err(|ragged| format!("{why}; ragged: {ragged}"))?;
+                (block, true)
+            }
+            Err(why) => return Err(why),
+        };
         if !meta.c_in.is_multiple_of(2 * t) || !meta.c_out.is_multiple_of(2 * t) {
             return Err(format!(
                 "channels {} -> {} are not whole chunks of {}",
@@ -96,7 +148,7 @@ impl DWeightHalo {
         let taps = (meta.r * meta.s) as u32;
         runs_subgroups(caps, taps + 1)?;
         let chunks = channel_chunks(tile, meta);
-        let blocks = meta.n * (meta.h_out / rows) * (meta.w_out / cols);
+        let blocks = meta.n * meta.h_out.div_ceil(rows) * meta.w_out.div_ceil(cols);
         let units = caps.estimated_compute_units() as usize;
         let per_unit = pinned_split_per_unit(tuning).unwrap_or(2) as usize;
         let slices = (per_unit * units / chunks).clamp(1, blocks);
@@ -107,6 +159,7 @@ impl DWeightHalo {
             taps,
             halo: [rows + meta.r - 1, cols + meta.s - 1].map(|v| v as u32),
             slices: slices as u32,
+            ragged,
         };
         fits_memory(
             block.workgroup_bytes(),
@@ -179,7 +232,8 @@ impl DWeightHalo {
         step += &multiply_adds(tiles.into_iter(), "            ");
         fill_template(
             template,
-            const_lines(&self.constants(subgroup, meta)),
+            const_lines(&self.constants(subgroup, meta))
+                + &format!("const RAGGED: bool = {};\n", self.ragged),
             &[
                 ("accumulators acc_i_j", decls),
                 (
@@ -213,6 +267,7 @@ mod tests {
             taps: 9,
             halo: [6, 34],
             slices: 4,
+            ragged: false,
         };
         let src = block.core_source(TEMPLATE, 32, &m);
         let marker = |line: &str| line.trim_start().starts_with("// generated:");
@@ -262,5 +317,28 @@ mod tests {
         let pointwise = ConvParams::new(4096, 1, Padding::Same);
         let pointwise = ConvShapeMeta::new([1, 64, 64, 4096], &pointwise).unwrap();
         assert!(DWeightHalo::fit(16, &pointwise, &caps, &ConvTuning::default()).is_err());
+    }
+
+    /// Where no block tiles the output, ragged blocks reach past it (15 x 15
+    /// in 4 x 16 blocks, 88% of their positions the output's; ImageNet's 56
+    /// wide in runs of 32), only where `AETHER_HALO_RAGGED=1`, and not where
+    /// most of a block would be past the output (7 x 7 at tile 16).
+    #[test]
+    fn ragged_blocks_reach_past_odd_outputs() {
+        let caps = crate::conv::forward::halo::tests::caps();
+        let ragged = ConvTuning::default()
+            .set(crate::conv::forward::halo::RAGGED_ENV, "1")
+            .unwrap();
+        let fit = |m: &ConvShapeMeta, t: &ConvTuning| DWeightHalo::fit(16, m, &caps, t);
+        let odd = meta([64, 15, 15, 64], 64);
+        assert!(fit(&odd, &ConvTuning::default()).is_err());
+        let block = fit(&odd, &ragged).unwrap();
+        assert_eq!((block.rows, block.cols, block.ragged), (4, 16, true));
+        let wide = fit(&meta([8, 56, 56, 64], 64), &ragged).unwrap();
+        assert_eq!((wide.rows, wide.cols), (2, 32));
+        let why = fit(&meta([64, 7, 7, 64], 64), &ragged).unwrap_err();
+        assert!(why.contains("ragged: 38%"), "{why}");
+        let exact = fit(&meta([8, 32, 32, 64], 64), &ragged).unwrap();
+        assert!(!exact.ragged);
     }
 }

@@ -39,8 +39,9 @@ pub const STACK_ENV: &str = "AETHER_HALO_STACK";
 pub const TAP_BUFFERS_ENV: &str = "AETHER_HALO_TAP_BUFFERS";
 
 /// Environment variable for tuning: `1` lets the halo kernels take ragged
-/// blocks where no block tiles a conv exactly (overlapping at the output's
-/// edges, zeros past the input channels); `0` or unset,
+/// blocks where no block tiles a conv exactly (the forward's and dinput's
+/// overlapping at the output's edges, zeros past the input channels;
+/// dweight's reaching past the output, its dy zeros there); `0` or unset,
 /// only exact blocks. Off by the rule until a device run has timed them
 /// against the GEMM core; measured plans time them wherever they fit
 /// (docs/lab/perf-notes.md, entry 96).
@@ -283,7 +284,7 @@ fn turns_halo_off(var: &str, text: &str, what: &str) -> String {
 /// Whether the tuning lets the halo kernels take ragged blocks
 /// ([`RAGGED_ENV`]); a value neither `0` nor `1` warns once and leaves them
 /// off.
-fn ragged_on(tuning: &ConvTuning) -> bool {
+pub(crate) fn ragged_on(tuning: &ConvTuning) -> bool {
     match tuning.get(RAGGED_ENV).map(str::trim) {
         Some("1") => true,
         None | Some("0") => false,
@@ -319,7 +320,7 @@ fn stacked_blocks(
 /// `Ok` for a stride-1, undilated conv with more than one filter tap: the
 /// kind a halo kernel reads. A 1x1 conv has no taps to share a staged input,
 /// and ran slower there than on the GEMM core (docs/lab/perf-notes.md).
-fn shares_taps(meta: &ConvShapeMeta) -> std::result::Result<(), String> {
+pub(crate) fn shares_taps(meta: &ConvShapeMeta) -> std::result::Result<(), String> {
     if (meta.stride_h, meta.stride_w, meta.dil_h, meta.dil_w) != (1, 1, 1, 1) {
         return Err("stride or dilation above 1".into());
     }
@@ -397,7 +398,7 @@ pub(crate) fn whole_blocks(
 /// convs the halo kernels ran 1.5-2x the GEMM core's TFLOP/s
 /// (docs/lab/perf-notes.md, entries 53, 82 and 86), whose own blocks pad
 /// such shapes too.
-const RAGGED_SHARE: f64 = 2.0 / 3.0;
+pub(crate) const RAGGED_SHARE: f64 = 2.0 / 3.0;
 
 /// A ragged block's `(rows, cols)` and the share of the output positions
 /// it computes that are the output's.
@@ -565,8 +566,9 @@ impl HaloBlock {
         // the least beyond the output, in the rule's order where two tie.
         let mut best: Option<(Self, f64)> = None;
         for &size in &sizes {
-            let row_subgroups = (size.3 / size.4.max(1)) as usize;
-            let places = ragged_places(tile, meta, size.0, images, row_subgroups);
+            let (positions, _, _, subgroups, columns, _) = size;
+            let row_subgroups = (subgroups / columns.max(1)) as usize;
+            let places = ragged_places(tile, meta, positions, images, row_subgroups);
             // Why the best place declined, where every place does.
             let mut first_decline = None;
             let fitted = match places {
