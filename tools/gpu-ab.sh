@@ -14,8 +14,10 @@
 # There, base measures the conv plans once (AETHER_TUNE_CONVS=1) into one
 # cache dir that both builds then read, so the kernels differ and the plans do
 # not; with AB_PLANS=own each build measures its own (for a change to what
-# the plans can choose), and AB_RULES=1 adds a step of each build with the
-# rules; per model the builds alternate ROUNDS times (pipelined ms/step with the
+# the plans can choose), AB_RULES=1 adds a step of each build with the
+# rules, and AB_HEAD_ENV='VAR=VALUE ...' a step of head with those tuning
+# variables set (which turn measuring off: the rules with them) and
+# airbench94's convs so; per model the builds alternate ROUNDS times (pipelined ms/step with the
 # batch resident), then `conv_passes --parts` on ResNet-18's convs for each,
 # `airbench` (its recipe on synthetic data) for each, airbench94's convs for head,
 # then PyTorch's `benches/pytorch_models.py` where torch imports. Results go
@@ -77,7 +79,8 @@ step() { # build model tag [rules]
     local tune=1 dir
     dir=$(cache "$1")
     if [ "${4:-}" = rules ]; then tune=0 dir="/tmp/ab-rules-$1"; fi
-    AETHER_TUNE_CONVS=$tune AETHER_CACHE_DIR=$dir timeout 150 ".gpu-pack/$1/cifar10_breakdown" \
+    # shellcheck disable=SC2086 # STEP_ENV: VAR=VALUE words
+    env ${STEP_ENV:-} AETHER_TUNE_CONVS=$tune AETHER_CACHE_DIR=$dir timeout 150 ".gpu-pack/$1/cifar10_breakdown" \
         --model "$2" --batch-size "$(batch "$2")" --repeats 20 --device gpu >"$R/step-$2-$3.txt" 2>&1
     echo "$2 $3: $(grep -h 'train_tensors' "$R/step-$2-$3.txt" | head -1)"
 }
@@ -85,6 +88,7 @@ for m in "${models[@]}"; do
     step base "$m" measure
     if [ "$plans" = own ]; then step head "$m" measure-head; fi
     if [ "${AB_RULES:-0}" = 1 ]; then step base "$m" rules-base rules; step head "$m" rules-head rules; fi
+    if [ -n "${AB_HEAD_ENV:-}" ]; then STEP_ENV=$AB_HEAD_ENV step head "$m" head-env rules; fi
     for r in $(seq "$rounds"); do step base "$m" "base$r"; step head "$m" "head$r"; done
     save
 done
@@ -107,6 +111,10 @@ for b in base head; do
     AETHER_CACHE_DIR=$(cache $b) timeout 150 ".gpu-pack/$b/conv_passes" --convs airbench94 \
         --batch-size 1024 --repeats 20 --parts >"$R/passes-airbench94-$b.txt" 2>&1
 done
+if [ -n "${AB_HEAD_ENV:-}" ]; then
+    env $AB_HEAD_ENV timeout 150 .gpu-pack/head/conv_passes --convs airbench94 --batch-size 1024 \
+        --repeats 20 --parts >"$R/passes-airbench94-head-env.txt" 2>&1
+fi
 for d in /tmp/ab-plans*; do
     for f in "$d"/*.json; do [ -f "$f" ] && cp "$f" "$R/$(basename "$d")-$(basename "$f")"; done
 done
