@@ -22,7 +22,8 @@ same table layout so one device run puts both side by side.
   way: wgrad + bias grad, and dgrad alone (not for the first layer), printed
   after the table as `parts` lines (as `examples/conv_passes.rs --parts`
   prints aether's: dweight + its reduce, and dinput).
-- With --convs NETWORK (v1, resnet18, airbench94), only the per-conv table
+- With --convs NETWORK (v1, resnet18, airbench94, or resnet50: ImageNet's
+  ResNet-50 at 224 px without its stem), only the per-conv table
   for that network's distinct convs (no model step), as
   `examples/conv_passes.rs --convs NETWORK` prints aether's, a conv the
   network runs several times listed once with its count.
@@ -72,7 +73,21 @@ CONVS = {
         conv(32, 3, 24, 2, bias=True), conv(31, 24, 64), conv(15, 64, 64),
         conv(15, 64, 256), conv(7, 256, 256), conv(7, 256, 256), conv(3, 256, 256),
     ],
+    # torchvision's ResNet-50 at 224 px without its stem: every 1x1 and 3x3
+    # conv of its bottleneck stages, projections included (each has a dgrad).
+    "resnet50": [
+        conv(56, 64, 64, 1), conv(56, 64, 64, count=3), conv(56, 64, 256, 1, count=4),
+        conv(56, 256, 64, 1, count=2),
+        conv(56, 256, 128, 1), conv(56, 128, 128, stride=2), conv(28, 128, 512, 1, count=4),
+        conv(56, 256, 512, 1, 2), conv(28, 512, 128, 1, count=3), conv(28, 128, 128, count=3),
+        conv(28, 512, 256, 1), conv(28, 256, 256, stride=2), conv(14, 256, 1024, 1, count=6),
+        conv(28, 512, 1024, 1, 2), conv(14, 1024, 256, 1, count=5), conv(14, 256, 256, count=5),
+        conv(14, 1024, 512, 1), conv(14, 512, 512, stride=2), conv(7, 512, 2048, 1, count=3),
+        conv(14, 1024, 2048, 1, 2), conv(7, 2048, 512, 1, count=2), conv(7, 512, 512, count=2),
+    ],
 }
+# The networks whose list starts with their first layer (timed without dgrad).
+LISTS_FIRST_LAYER = {"v1", "resnet18", "airbench94"}
 
 
 def v1_model():
@@ -323,7 +338,7 @@ def main():
               f"{'count':>5}")
         total = 0.0
         for i, shape in enumerate(CONVS[args.convs]):
-            c = conv_times(n, shape, i == 0, args.repeats)
+            c = conv_times(n, shape, i == 0 and args.convs in LISTS_FIRST_LAYER, args.repeats)
             print(f"{i:<5} {c['shape']:<26} {c['forward_ms']:>10.4f} {c['backward_ms']:>10.4f} "
                   f"{c['forward_tflops']:>9.2f} {c['backward_tflops']:>9.2f} {c['count']:>5}")
             total += (c["forward_ms"] + c["backward_ms"]) * c["count"]

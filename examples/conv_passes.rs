@@ -1,5 +1,5 @@
 //! Each distinct conv of a CIFAR-10 network (`--convs v1|resnet18|airbench94`,
-//! default v1) timed the way `benches/pytorch_reference.py --convs` times
+//! default v1, or ImageNet's ResNet-50 without its stem, `--convs resnet50`) timed the way `benches/pytorch_reference.py --convs` times
 //! cuDNN's: its forward, and its backward, called 20 times back to back on the
 //! same operands and divided by 20, the median of `--repeats`. A conv the
 //! network runs several times is listed once, its count in the last column
@@ -29,7 +29,7 @@ use aether::gpu::DevicePreference;
 use aether::nn::{Conv2d, Layer, Mode, StepKind};
 use aether::{AetherError, Device, Result, Tensor};
 
-const USAGE: &str = "usage: conv_passes [--convs v1|resnet18|airbench94] [--batch-size N] \
+const USAGE: &str = "usage: conv_passes [--convs v1|resnet18|airbench94|resnet50] [--batch-size N] \
                      [--repeats N] [--calls N] [--parts]";
 
 /// One conv of a network: input `H x W x C_in`, `C_out` filters of
@@ -105,8 +105,42 @@ fn convs(network: &str) -> Option<Vec<Conv>> {
             conv(7, 256, 256, 3, 1),
             conv(3, 256, 256, 3, 1),
         ],
+        // torchvision's ResNet-50 at 224 px (the stride in the 3x3 convs),
+        // its stem (7x7, stride 2) left out: every 1x1 and 3x3 conv of its
+        // four stages of bottleneck blocks, projections included. No conv
+        // here is the network's first, so each has an input gradient.
+        "resnet50" => vec![
+            conv(56, 64, 64, 1, 1),
+            times(3, conv(56, 64, 64, 3, 1)),
+            times(4, conv(56, 64, 256, 1, 1)),
+            times(2, conv(56, 256, 64, 1, 1)),
+            conv(56, 256, 128, 1, 1),
+            conv(56, 128, 128, 3, 2),
+            times(4, conv(28, 128, 512, 1, 1)),
+            conv(56, 256, 512, 1, 2),
+            times(3, conv(28, 512, 128, 1, 1)),
+            times(3, conv(28, 128, 128, 3, 1)),
+            conv(28, 512, 256, 1, 1),
+            conv(28, 256, 256, 3, 2),
+            times(6, conv(14, 256, 1024, 1, 1)),
+            conv(28, 512, 1024, 1, 2),
+            times(5, conv(14, 1024, 256, 1, 1)),
+            times(5, conv(14, 256, 256, 3, 1)),
+            conv(14, 1024, 512, 1, 1),
+            conv(14, 512, 512, 3, 2),
+            times(3, conv(7, 512, 2048, 1, 1)),
+            conv(14, 1024, 2048, 1, 2),
+            times(2, conv(7, 2048, 512, 1, 1)),
+            times(2, conv(7, 512, 512, 3, 1)),
+        ],
         _ => return None,
     })
+}
+
+/// Whether `network`'s list starts with its first layer, timed without an
+/// input gradient.
+fn lists_first_layer(network: &str) -> bool {
+    network != "resnet50"
 }
 
 struct Args {
@@ -193,7 +227,7 @@ fn main() -> Result<()> {
     let mut parts = Vec::new();
     for (index, c) in layers.iter().enumerate() {
         let n = args.batch;
-        let first = index == 0;
+        let first = index == 0 && lists_first_layer(&args.convs);
         let (h, w, c_in, c_out) = (c.h, c.w, c.c_in, c.c_out);
         let padding = if c.kernel == 3 {
             Padding::Same

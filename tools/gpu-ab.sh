@@ -17,7 +17,9 @@
 # the plans can choose), AB_RULES=1 adds a step of each build with the
 # rules, and AB_HEAD_ENV='VAR=VALUE ...' a step of head with those tuning
 # variables set (which turn measuring off: the rules with them) and
-# airbench94's convs so; per model the builds alternate ROUNDS times (pipelined ms/step with the
+# airbench94's convs so, and AB_RESNET50=1 ImageNet ResNet-50's convs at batch
+# 64 (`conv_passes --convs resnet50`) on head with its plans, with the rules
+# and with AB_HEAD_ENV, beside cuDNN's; per model the builds alternate ROUNDS times (pipelined ms/step with the
 # batch resident), then `conv_passes --parts` on ResNet-18's convs for each,
 # `airbench` (its recipe on synthetic data) for each, airbench94's convs for head,
 # then PyTorch's `benches/pytorch_models.py` where torch imports. Results go
@@ -114,6 +116,24 @@ done
 if [ -n "${AB_HEAD_ENV:-}" ]; then
     env $AB_HEAD_ENV timeout 150 .gpu-pack/head/conv_passes --convs airbench94 --batch-size 1024 \
         --repeats 20 --parts >"$R/passes-airbench94-head-env.txt" 2>&1
+fi
+if [ "${AB_RESNET50:-0}" = 1 ]; then
+    r50() { # tag [VAR=VALUE...]: head's ResNet-50 convs
+        local tag=$1
+        shift
+        env "$@" timeout 240 .gpu-pack/head/conv_passes --convs resnet50 --batch-size 64 \
+            --repeats 10 --parts >"$R/passes-resnet50-$tag.txt" 2>&1
+        echo "resnet50 $tag: $(grep -h 'all convs' "$R/passes-resnet50-$tag.txt" | head -1)"
+    }
+    r50 plans AETHER_CACHE_DIR="$(cache head)"
+    r50 rules AETHER_TUNE_CONVS=0 AETHER_CACHE_DIR=/tmp/ab-rules-head
+    # shellcheck disable=SC2086 # AB_HEAD_ENV: VAR=VALUE words
+    [ -n "${AB_HEAD_ENV:-}" ] && r50 env AETHER_CACHE_DIR=/tmp/ab-rules-head $AB_HEAD_ENV
+    if python3 -c "import torch" 2>/dev/null; then
+        timeout 240 python3 benches/pytorch_reference.py --convs resnet50 --batch-size 64 \
+            --repeats 10 >"$R/cudnn-resnet50.txt" 2>&1
+    fi
+    save
 fi
 for d in /tmp/ab-plans*; do
     for f in "$d"/*.json; do [ -f "$f" ] && cp "$f" "$R/$(basename "$d")-$(basename "$f")"; done
