@@ -62,8 +62,15 @@ fn axis_w(z: u32) -> Axis {
 // over the stride) or its taps a row (`size` taps over the tap step). A class
 // has floor or ceil of size / step of them, or none, and a class with none
 // is never split. Dividing by those two constants costs a few multiplies;
-// dividing by d itself, a runtime division at every element.
+// dividing by d itself, a runtime division at every element. At step 1 (a
+// stride-1 conv's one class, or taps whose dilation the stride divides) a
+// class that is split has all `size`: no branch there, since stride-1
+// dinputs on the GEMM core ran 7-17% slower with it (docs/lab/perf-notes.md,
+// entries 89 and 97).
 fn split_by_count(x: u32, d: u32, size: u32, step: u32) -> vec2<u32> {
+    if (step == 1u) {
+        return vec2<u32>(x / size, x % size);
+    }
     let hi = (size + step - 1u) / step;
     if (d == hi) {
         return vec2<u32>(x / hi, x % hi);
