@@ -208,16 +208,43 @@ impl TunedPlans {
 
 /// The file of an adapter's measured plans: its name, vendor, device and
 /// driver (another driver may rank the candidates differently).
+/// The measured plans' file for this adapter and driver and for what was
+/// measured: [`candidates_fingerprint`] names the candidates, so a file that
+/// another aether wrote (another version, or other candidates, such as a
+/// tuning it did not have) is not read, and its shapes are measured again
+/// rather than planned from choices among what no longer is.
 fn file_name(info: &wgpu::AdapterInfo) -> String {
-    let text = format!(
+    plans_file_name(&format!(
         "{}-{:x}-{:x}-{}-{}",
         info.name, info.vendor, info.device, info.driver, info.driver_info
-    );
+    ))
+}
+
+/// [`file_name`] for the adapter and driver described by `text`.
+fn plans_file_name(text: &str) -> String {
     let safe: String = text
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
-    format!("conv-plans-{safe}.json")
+    format!("conv-plans-{safe}-{:016x}.json", candidates_fingerprint())
+}
+
+/// FNV-1a of the crate's version and every direction's candidate tunings:
+/// the same in every process of one build (no random hasher state).
+fn candidates_fingerprint() -> u64 {
+    let directions = [
+        ConvDirection::Forward,
+        ConvDirection::DWeight,
+        ConvDirection::DInput,
+    ];
+    let text = format!(
+        "{} {:?}",
+        env!("CARGO_PKG_VERSION"),
+        directions.map(candidates)
+    );
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 fn read(path: &Path) -> Result<Option<Chosen>, String> {
@@ -391,4 +418,22 @@ fn time_round(ctx: &Arc<GpuContext>, call: &dyn Fn() -> Result<()>) -> Result<f6
         start.elapsed().as_secs_f64() * 1e9
     };
     Ok(nanos / CALLS as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The plans file names the candidates it chose among, the same way in
+    /// every process: a measured tuning that is no longer a candidate (or a
+    /// candidate never measured) means another file.
+    #[test]
+    fn the_plans_file_names_the_candidates_measured() {
+        let name = plans_file_name("NVIDIA H100 80GB HBM3-10de-2330-NVIDIA-580.159.04");
+        let fingerprint = format!("-{:016x}.json", candidates_fingerprint());
+        let adapter = "conv-plans-NVIDIA_H100_80GB_HBM3_10de_2330_NVIDIA_580_159_04-";
+        assert!(name.starts_with(adapter), "{name}");
+        assert!(name.ends_with(&fingerprint), "{name}");
+        assert_eq!(candidates_fingerprint(), candidates_fingerprint());
+    }
 }
