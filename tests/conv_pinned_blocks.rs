@@ -27,13 +27,19 @@ const F16_BOUND: f64 = 5e-3;
 
 /// A pinned block: the variables and their values, the shape it runs on
 /// (3x3, same padding; blocks that fit at tiles 8 and 16), and what the plan
-/// of its direction must show.
+/// of each direction named must show.
 struct Pin {
     vars: &'static [(&'static str, &'static str)],
     input: [usize; 4],
     c_out: usize,
-    direction: ConvDirection,
-    ran: fn(&ConvLaunchPlan) -> bool,
+    ran: Vec<PlanCheck>,
+}
+
+/// A direction and what its plan must show.
+type PlanCheck = (ConvDirection, fn(&ConvLaunchPlan) -> bool);
+
+fn check(direction: ConvDirection, ran: fn(&ConvLaunchPlan) -> bool) -> PlanCheck {
+    (direction, ran)
 }
 
 fn pins() -> Vec<Pin> {
@@ -44,8 +50,9 @@ fn pins() -> Vec<Pin> {
             vars: &[(DWEIGHT_HALO_ENV, "32")],
             input: wide,
             c_out: 64,
-            direction: ConvDirection::DWeight,
-            ran: |p| p.dweight_halo.is_some_and(|b| b.rows * b.cols == 32),
+            ran: vec![check(ConvDirection::DWeight, |p| {
+                p.dweight_halo.is_some_and(|b| b.rows * b.cols == 32)
+            })],
         },
         // The forward with all 9 taps a step, 16 input channels a stage and 4
         // channel tiles over 8 subgroups in 2 columns (`tools/gpu-sweep-halo16.sh`).
@@ -53,12 +60,11 @@ fn pins() -> Vec<Pin> {
             vars: &[(HALO_ENV, "256x4x9x8x2x16")],
             input: [1, 16, 16, 64],
             c_out: 64,
-            direction: ConvDirection::Forward,
-            ran: |p| {
+            ran: vec![check(ConvDirection::Forward, |p| {
                 p.halo.is_some_and(|b| {
                     b.taps_per_step == 9 && b.halo[0] == 16 && b.subgroups == [4, 2]
                 })
-            },
+            })],
         },
         // Position tiles stacking a tile's images on the v1 model's 8 x 8
         // outputs (narrower than a tile at 16, a tile wide at 8): 2 output
@@ -69,8 +75,9 @@ fn pins() -> Vec<Pin> {
             vars: &[(HALO_ENV, "16x4x3x8x2x16"), (STACK_ENV, "1")],
             input: [16, 8, 8, 32],
             c_out: 64,
-            direction: ConvDirection::Forward,
-            ran: |p| p.halo.is_some_and(|b| b.images == b.tile && b.rows == 2),
+            ran: vec![check(ConvDirection::Forward, |p| {
+                p.halo.is_some_and(|b| b.images == b.tile && b.rows == 2)
+            })],
         },
         // Ragged blocks (`AETHER_HALO_RAGGED=1`) on 13 rows, prime, that no
         // block of whole rows tiles, and 56 output channels, no multiple of
@@ -82,15 +89,14 @@ fn pins() -> Vec<Pin> {
             vars: &[(RAGGED_ENV, "1")],
             input: [2, 13, 16, 32],
             c_out: 56,
-            direction: ConvDirection::Forward,
-            ran: |p| p.halo.is_some_and(|b| b.clamp_channels),
-        },
-        Pin {
-            vars: &[(RAGGED_ENV, "1")],
-            input: [2, 13, 16, 32],
-            c_out: 56,
-            direction: ConvDirection::DInput,
-            ran: |p| p.halo.is_some_and(|b| 13 % b.rows != 0),
+            ran: vec![
+                check(ConvDirection::Forward, |p| {
+                    p.halo.is_some_and(|b| b.clamp_channels)
+                }),
+                check(ConvDirection::DInput, |p| {
+                    p.halo.is_some_and(|b| 13 % b.rows != 0)
+                }),
+            ],
         },
         // 7 x 7 outputs, narrower than a tile, in whole stacks: stacked
         // blocks of 7 positions over 8 subgroups (the last tile repeated),
@@ -99,15 +105,13 @@ fn pins() -> Vec<Pin> {
             vars: &[(RAGGED_ENV, "1")],
             input: [16, 7, 7, 32],
             c_out: 64,
-            direction: ConvDirection::Forward,
-            ran: |p| p.halo.is_some_and(|b| b.images > 1 && b.rows * b.cols == 7),
-        },
-        Pin {
-            vars: &[(RAGGED_ENV, "1")],
-            input: [16, 7, 7, 32],
-            c_out: 64,
-            direction: ConvDirection::DInput,
-            ran: |p| p.halo.is_some_and(|b| b.images > 1 && b.rows * b.cols == 7),
+            ran: [ConvDirection::Forward, ConvDirection::DInput]
+                .map(|d| {
+                    check(d, |p| {
+                        p.halo.is_some_and(|b| b.images > 1 && b.rows * b.cols == 7)
+                    })
+                })
+                .to_vec(),
         },
         // 4 x 7 outputs stacked in blocks 4 rows by 2 columns (tile 8) or 4
         // (tile 16): the last block along a row overlaps the one before it.
@@ -115,8 +119,9 @@ fn pins() -> Vec<Pin> {
             vars: &[(RAGGED_ENV, "1")],
             input: [16, 4, 7, 32],
             c_out: 64,
-            direction: ConvDirection::Forward,
-            ran: |p| p.halo.is_some_and(|b| b.images > 1 && 7 % b.cols != 0),
+            ran: vec![check(ConvDirection::Forward, |p| {
+                p.halo.is_some_and(|b| b.images > 1 && 7 % b.cols != 0)
+            })],
         },
         // dweight's ragged blocks: 13 rows in blocks of 4 (the last reaching
         // 3 rows past the output), and 13 columns in runs of 16, dy zeros
@@ -125,15 +130,17 @@ fn pins() -> Vec<Pin> {
             vars: &[(RAGGED_ENV, "1")],
             input: [2, 13, 16, 32],
             c_out: 32,
-            direction: ConvDirection::DWeight,
-            ran: |p| p.dweight_halo.is_some_and(|b| b.ragged && b.rows == 4),
+            ran: vec![check(ConvDirection::DWeight, |p| {
+                p.dweight_halo.is_some_and(|b| b.ragged && b.rows == 4)
+            })],
         },
         Pin {
             vars: &[(RAGGED_ENV, "1")],
             input: [2, 12, 13, 32],
             c_out: 32,
-            direction: ConvDirection::DWeight,
-            ran: |p| p.dweight_halo.is_some_and(|b| b.ragged && b.cols == 16),
+            ran: vec![check(ConvDirection::DWeight, |p| {
+                p.dweight_halo.is_some_and(|b| b.ragged && b.cols == 16)
+            })],
         },
         // 16 input channels a stage of 24: the second stage holds 8 zeros
         // past them (a ragged block, at tiles 8 and 16).
@@ -141,8 +148,9 @@ fn pins() -> Vec<Pin> {
             vars: &[(HALO_ENV, "128x2x3x8x1x16"), (RAGGED_ENV, "1")],
             input: [2, 16, 16, 24],
             c_out: 32,
-            direction: ConvDirection::Forward,
-            ran: |p| p.halo.is_some_and(|b| b.pad_channels && b.halo[0] == 16),
+            ran: vec![check(ConvDirection::Forward, |p| {
+                p.halo.is_some_and(|b| b.pad_channels && b.halo[0] == 16)
+            })],
         },
         // One buffer of taps (two barriers a step) where the rule's block has
         // room for two: the rule takes two wherever they fit.
@@ -150,8 +158,9 @@ fn pins() -> Vec<Pin> {
             vars: &[(TAP_BUFFERS_ENV, "1")],
             input: [2, 16, 16, 32],
             c_out: 32,
-            direction: ConvDirection::Forward,
-            ran: |p| p.halo.is_some_and(|b| b.tap_buffers == 1),
+            ran: vec![check(ConvDirection::Forward, |p| {
+                p.halo.is_some_and(|b| b.tap_buffers == 1)
+            })],
         },
     ]
 }
@@ -212,10 +221,15 @@ fn pinned_halo_blocks_match_the_f64_direct_convolution() {
                 );
             }
             let summary = plans.summary();
-            let ran = summary
-                .iter()
-                .any(|(d, _, plan)| *d == pin.direction && (pin.ran)(plan));
-            assert!(ran, "{ctx}: the pinned block did not run ({summary:?})");
+            for &(direction, shows) in &pin.ran {
+                let ran = summary
+                    .iter()
+                    .any(|(d, _, plan)| *d == direction && shows(plan));
+                assert!(
+                    ran,
+                    "{direction:?} {ctx}: the pinned block did not run ({summary:?})"
+                );
+            }
         }
         report(&format!("[aether-test] {pinned}: ok"));
     }

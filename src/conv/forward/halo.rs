@@ -541,8 +541,10 @@ pub struct HaloBlock {
 
 impl HaloBlock {
     /// The first block of the rule's (or the pinned one) that fits `meta` at
-    /// `tile`, outputs narrower than a tile taken as `narrow` says, or why
-    /// none does (the GEMM core then runs).
+    /// `tile`, outputs narrower than a tile taken as `narrow` says; where none
+    /// tiles it and the tuning lets them ([`RAGGED_ENV`]), the ragged block
+    /// with the largest share of its work the conv's; or why none does (the
+    /// GEMM core then runs).
     pub fn fit(
         tile: u32,
         meta: &ConvShapeMeta,
@@ -567,7 +569,7 @@ impl HaloBlock {
         let mut best: Option<(Self, f64)> = None;
         for &size in &sizes {
             let (positions, _, _, subgroups, columns, _) = size;
-            let row_subgroups = (subgroups / columns.max(1)) as usize;
+            let row_subgroups = (subgroups / columns) as usize;
             let places = ragged_places(tile, meta, positions, images, row_subgroups);
             // Why the best place declined, where every place does.
             let mut first_decline = None;
